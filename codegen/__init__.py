@@ -1,0 +1,1 @@
+"""Code generation: isl schedule -> C/OpenMP via cgen; toolchain and runtime glue."""

@@ -1,0 +1,375 @@
+"""C expressions: identifiers, literals, isl AST expressions and statement bodies.
+
+Every printer returns a :class:`Piece`, the C text plus the precedence of its outermost
+operator, so that parentheses are added only where C needs them (and where ``gcc -Wall``
+asks for them: ``&&`` inside ``||``, a comparison inside a comparison).
+
+Types follow :func:`polyc.expr.infer_dtype`; a subexpression whose dtype differs from
+what its parent computes in is converted with an explicit cast, so C's own usual
+arithmetic conversions never decide a result (``X[i] / D`` with ``D`` a size is
+``X[i] / (float)D``). Untyped literals are printed directly in the type of their
+context (``2.0f``, ``INFINITY``, ``INT32_MIN``).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import islpy as isl
+
+from polyc import expr as E
+from polyc.errors import InternalError
+
+#: C type of each polyc dtype (``bool`` from <stdbool.h> is C's ``_Bool``, one byte like numpy's)
+CTYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t",
+          "bool": "bool"}
+
+# -- identifiers ------------------------------------------------------------------------
+
+_C_KEYWORDS = """auto break case char const continue default do double else enum extern float
+for goto if inline int long register restrict return short signed sizeof static struct switch
+typedef union unsigned void volatile while _Alignas _Alignof _Atomic _Bool _Complex _Generic
+_Imaginary _Noreturn _Static_assert _Thread_local asm typeof alignas alignof bool true false
+static_assert thread_local noreturn complex imaginary NULL main"""
+_LIBC_NAMES = """int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t intptr_t
+uintptr_t size_t ptrdiff_t float_t double_t INT32_MIN INT32_MAX INT64_MIN INT64_MAX INT64_C
+INFINITY NAN HUGE_VAL HUGE_VALF errno assert offsetof
+malloc calloc realloc free aligned_alloc abort exit atexit memset memcpy memmove memcmp
+strlen abs labs llabs div ldiv rand srand qsort bsearch atoi atol atof strtod printf puts
+acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh erf erfc exp exp2 expm1
+fabs fdim floor fma fmax fmin fmod frexp hypot ilogb ldexp lgamma llrint llround log log10
+log1p log2 logb lrint lround modf nan nearbyint nextafter nexttoward pow remainder remquo
+rint round scalbln scalbn sin sinh sqrt tan tanh tgamma trunc gamma j0 j1 jn y0 y1 yn
+signbit isnan isinf isfinite isnormal fpclassify isgreater isless"""
+_MATH_F = """acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh erf erfc exp
+exp2 expm1 fabs fdim floor fma fmax fmin fmod frexp hypot ldexp lgamma log log10 log1p log2
+logb modf nearbyint nextafter pow remainder rint round sin sinh sqrt tan tanh tgamma trunc"""
+
+#: names no generated identifier may take (C keywords, libc/libm names and macros)
+RESERVED = frozenset(_C_KEYWORDS.split() + _LIBC_NAMES.split()
+                     + [n + "f" for n in _MATH_F.split()] + [n + "l" for n in _MATH_F.split()])
+#: prefixes owned by the generated prelude and by OpenMP
+RESERVED_PREFIXES = ("polyc_", "omp_")
+#: loop variables are c0, c1, ... (the isl schedule depth); user names never take that form
+_LOOP_VAR = re.compile(r"c[0-9]+")
+
+
+def sanitize(name: str) -> str:
+    """A valid C identifier for ``name`` that is not reserved (not yet unique)."""
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
+    if s[0].isdigit() or s[0] == "_":
+        s = "v" + s
+    if s in RESERVED or _LOOP_VAR.fullmatch(s) or s.startswith(RESERVED_PREFIXES):
+        s += "_"
+    return s
+
+
+class Namer:
+    """Gives each user name a distinct sanitised C identifier."""
+
+    def __init__(self, taken: tuple[str, ...] | set[str] = ()) -> None:
+        self.taken = set(taken)
+
+    def fresh(self, name: str) -> str:
+        base = sanitize(name)
+        cand, i = base, 0
+        while cand in self.taken:
+            i += 1
+            cand = f"{base}_{i}"
+        self.taken.add(cand)
+        return cand
+
+    def child(self) -> Namer:
+        """A namer for a nested scope: sees every name taken so far."""
+        return Namer(self.taken)
+
+
+def loop_var(depth: int) -> str:
+    return f"c{depth}"
+
+
+# -- pieces and literals ----------------------------------------------------------------
+
+PRIMARY, UNARY, NEG_LITERAL, MUL, ADD, REL, EQ, AND, OR, COND = 16, 15, 14, 13, 12, 10, 9, 5, 4, 3
+_PREC = {"*": MUL, "/": MUL, "%": MUL, "+": ADD, "-": ADD, "<": REL, ">": REL, "<=": REL,
+         ">=": REL, "==": EQ, "!=": EQ, "&&": AND, "||": OR}
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+    prec: int = PRIMARY
+
+    def at(self, need: int) -> str:
+        """The text, parenthesised unless it binds at least as tightly as ``need``."""
+        return self.text if self.prec >= need else f"({self.text})"
+
+
+def binary(op: str, a: Piece, b: Piece) -> Piece:
+    p = _PREC[op]
+    if p in (AND, OR):        # gcc -Wparentheses: never mix && and || unparenthesised
+        return Piece(f"{a.at(AND + 1)} {op} {b.at(AND + 1)}", p)
+    if p in (REL, EQ):        # nor chain comparisons
+        return Piece(f"{a.at(ADD)} {op} {b.at(ADD)}", p)
+    return Piece(f"{a.at(p)} {op} {b.at(p + 1)}", p)
+
+
+def call(fn: str, *args: Piece) -> Piece:
+    return Piece(f"{fn}({', '.join(a.text for a in args)})")
+
+
+def cast(dtype: str, x: Piece) -> Piece:
+    return Piece(f"({CTYPES[dtype]}){x.at(PRIMARY)}", UNARY)
+
+
+def select(c: Piece, a: Piece, b: Piece) -> Piece:
+    return Piece(f"{c.at(OR)} ? {a.at(OR)} : {b.at(OR)}", COND)
+
+
+_INT_LIMITS = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
+
+
+def literal(value: int | float | bool, dtype: str) -> Piece:
+    """``value`` as a C constant of ``dtype``."""
+    if dtype == "bool":
+        return Piece("true" if value else "false")
+    if dtype in _INT_LIMITS:
+        lo, hi = _INT_LIMITS[dtype]
+        tag = "INT32" if dtype == "int32" else "INT64"
+        if isinstance(value, float) and not math.isfinite(value):
+            if math.isnan(value):
+                raise InternalError(f"NaN has no {dtype} value")
+            return Piece(f"{tag}_MAX" if value > 0 else f"{tag}_MIN",
+                         PRIMARY if value > 0 else NEG_LITERAL)
+        v = int(value)
+        if v <= lo or v >= hi:
+            if v not in (lo, hi):
+                raise InternalError(f"literal {v} does not fit {dtype}")
+            return Piece(f"{tag}_MAX" if v == hi else f"{tag}_MIN")
+        text = str(v) if -2**31 < v < 2**31 else f"INT64_C({v})"
+        return Piece(text, NEG_LITERAL if v < 0 else PRIMARY)
+    f = float(value)
+    single = dtype == "float32"
+    if math.isnan(f):
+        return Piece("NAN" if single else "(double)NAN", PRIMARY if single else UNARY)
+    if math.isinf(f):
+        text = "INFINITY" if single else "HUGE_VAL"
+        return Piece(text if f > 0 else "-" + text, PRIMARY if f > 0 else NEG_LITERAL)
+    text = repr(f) + ("f" if single else "")
+    return Piece(text, NEG_LITERAL if text.startswith("-") else PRIMARY)
+
+
+# -- isl AST expressions (loop bounds, guards, statement arguments: int64) ---------------
+
+_ISL_BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pdiv_q": "/", "pdiv_r": "%",
+               "zdiv_r": "%", "eq": "==", "le": "<=", "lt": "<", "ge": ">=", "gt": ">",
+               "and_": "&&", "and_then": "&&", "or_": "||", "or_else": "||"}
+
+
+def isl_expr(e: isl.AstExpr, names: dict[str, str]) -> Piece:
+    """C for an isl AST expression; ``names`` maps isl ids (sizes, loop iterators) to C."""
+    t = e.get_type()
+    if t == isl.ast_expr_type.int:
+        return literal(int(e.get_val().to_python()), "int64")
+    if t == isl.ast_expr_type.id:
+        name = e.get_id().get_name()
+        if name not in names:
+            raise InternalError(f"isl AST uses an unknown identifier {name!r}")
+        return Piece(names[name])
+    op = e.get_op_type().name
+    args = [isl_expr(e.get_op_arg(i), names) for i in range(e.get_op_n_arg())]
+    if op in _ISL_BINARY:
+        return binary(_ISL_BINARY[op], *args)
+    if op == "minus":
+        return Piece(f"-{args[0].at(PRIMARY)}", UNARY)
+    if op in ("max", "min"):
+        acc = args[0]
+        for a in args[1:]:
+            acc = call(f"polyc_{op}_i64", acc, a)
+        return acc
+    if op == "fdiv_q":
+        return call("polyc_floord_i64", *args)
+    if op in ("cond", "select"):
+        return select(*args)
+    raise InternalError(f"unsupported isl AST expression {e.to_C_str()!r} ({op})")
+
+
+# -- statement bodies ---------------------------------------------------------------------
+
+#: math built-ins printed as the libm function (``f`` suffix for float32)
+_LIBM = {"exp", "log", "sqrt", "tanh", "fabs", "fmax", "fmin", "pow", "sin", "cos", "tan",
+         "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "exp2",
+         "expm1", "log2", "log10", "log1p", "cbrt", "erf", "erfc", "floor", "ceil", "trunc",
+         "fmod", "hypot", "fma", "copysign"}
+#: built-ins printed as a helper of the prelude, or as another libm function
+_HELPER = {"sigmoid": "polyc_sigmoid", "relu": "polyc_relu", "rsqrt": "polyc_rsqrt",
+           "round": "rint"}  # rint: round half to even, as numpy does
+_SUFFIX = {"int32": "_i32", "int64": "_i64"}
+
+
+def float_fn(name: str, dtype: str) -> str:
+    """The C name of a float function for ``dtype`` (``expf`` for float32)."""
+    return name + ("f" if dtype == "float32" else "")
+
+
+class BodyPrinter:
+    """Prints the value and write of one statement instance.
+
+    ``index_names`` maps the statement's iterators to C expressions (its local
+    variables), ``size_names`` and ``array_names`` map user names to C identifiers.
+    """
+
+    def __init__(self, dtypes: dict[str, str], shapes: dict[str, tuple[E.Expr, ...]],
+                 size_names: dict[str, str], array_names: dict[str, str],
+                 index_names: dict[str, str]):
+        self.dtypes, self.shapes = dtypes, shapes
+        self.size_names, self.array_names, self.index_names = size_names, array_names, index_names
+
+    def dtype(self, e: E.Expr) -> str:
+        return E.infer_dtype(e, self.dtypes)
+
+    def expr(self, e: E.Expr, want: str) -> Piece:
+        """``e`` as a C expression of type ``want``."""
+        if isinstance(e, E.Const):
+            v = e.value if e.dtype is None else _coerce(e.value, e.dtype)
+            return literal(v, want)
+        have = self.dtype(e)
+        p = self._raw(e, have)
+        return p if have == want else cast(want, p)
+
+    def element(self, array: str, indices: tuple[E.Expr, ...]) -> Piece:
+        """``A[i*N + j]``: the row-major element of ``array``."""
+        extents = self.shapes[array]
+        lin: E.Expr = indices[0] if indices else E.Const(0)
+        for idx, ext in zip(indices[1:], extents[1:]):
+            lin = E.Binary("+", E.Binary("*", lin, ext), idx)
+        return Piece(f"{self.array_names[array]}[{self.expr(lin, 'int64').text}]")
+
+    def _raw(self, e: E.Expr, t: str) -> Piece:
+        if isinstance(e, E.Index):
+            return Piece(self.index_names[e.name])
+        if isinstance(e, E.Size):
+            return Piece(self.size_names[e.name])
+        if isinstance(e, E.Read):
+            return self.element(e.array, e.indices)
+        if isinstance(e, E.Cast):
+            return cast(e.dtype, self.expr(e.x, self._own(e.x)))
+        if isinstance(e, E.Unary):
+            x = self.expr(e.x, self._own(e.x) if e.op == "!" or t == "bool" else t)
+            return Piece(f"{'!' if e.op == '!' or t == 'bool' else '-'}{x.at(PRIMARY)}", UNARY)
+        if isinstance(e, E.Binary):
+            return self._binary(e, t)
+        if isinstance(e, E.Select):
+            return select(self.expr(e.cond, self._own(e.cond)), self.expr(e.a, t),
+                          self.expr(e.b, t))
+        if isinstance(e, E.Call):
+            return self._call(e, t)
+        raise InternalError(f"cannot print expression {e!r}")
+
+    def _own(self, e: E.Expr) -> str:
+        """The type to print a truth value or cast operand in (literals: bool or their own)."""
+        if isinstance(e, E.Const) and e.dtype is None:
+            return "bool" if isinstance(e.value, bool) else ("int32" if isinstance(e.value, int)
+                                                             else "float32")
+        return self.dtype(e)
+
+    def _binary(self, e: E.Binary, t: str) -> Piece:
+        op = e.op
+        if op in ("&&", "||"):
+            return binary(op, self.expr(e.a, self._own(e.a)), self.expr(e.b, self._own(e.b)))
+        if op in E.COMPARISONS:
+            u = self.dtype(E.Binary("+", e.a, e.b))
+            return binary(op, self.expr(e.a, u), self.expr(e.b, u))
+        a, b = self.expr(e.a, t), self.expr(e.b, t)
+        if t == "bool":  # numpy: + is or, * is and, - is xor
+            return binary({"+": "||", "*": "&&"}.get(op, "!="), a, b)
+        if op == "//":
+            return (call("polyc_floord" + _SUFFIX[t], a, b) if t in _SUFFIX
+                    else call(float_fn("floor", t), binary("/", a, b)))
+        if op == "%":
+            return call("polyc_mod" + _SUFFIX.get(t, "f" if t == "float32" else ""), a, b)
+        return binary(op, a, b)
+
+    def _call(self, e: E.Call, t: str) -> Piece:
+        fn = e.fn
+        args = [self.expr(a, t) for a in e.args]
+        if t == "bool":  # max/min/abs/relu of truth values
+            return binary({"max": "||", "min": "&&"}[fn], *args) if fn in ("max", "min") \
+                else args[0]
+        if t in _SUFFIX:  # integer max/min/abs/relu
+            if fn == "relu":
+                return call("polyc_max" + _SUFFIX[t], args[0], literal(0, t))
+            return call(f"polyc_{fn}{_SUFFIX[t]}", *args)
+        if fn in ("max", "min"):
+            fn = "f" + fn
+        elif fn == "abs":
+            fn = "fabs"
+        if fn in _LIBM:
+            return call(float_fn(fn, t), *args)
+        if fn in _HELPER:
+            return call(float_fn(_HELPER[fn], t), *args)
+        raise InternalError(f"unknown built-in function {fn!r}")
+
+
+def _coerce(value: int | float | bool, dtype: str) -> int | float | bool:
+    if dtype == "bool":
+        return bool(value)
+    if dtype in _INT_LIMITS and math.isfinite(value):
+        return int(value)
+    return value
+
+
+def update(op: str, target: Piece, value: Piece, dtype: str) -> str:
+    """The C statement ``target OP= value`` of a statement with combine operator ``op``."""
+    if op == "=":
+        return f"{target.text} = {value.text}"
+    if dtype == "bool":
+        logic = {"+": "||", "max": "||", "*": "&&", "min": "&&"}[op]
+        return f"{target.text} = {binary(logic, target, value).text}"
+    if op in ("+", "*"):
+        return f"{target.text} {op}= {value.text}"
+    if op in ("max", "min"):
+        fn = f"polyc_{op}{_SUFFIX[dtype]}" if dtype in _SUFFIX else float_fn("f" + op, dtype)
+        return f"{target.text} = {call(fn, target, value).text}"
+    raise InternalError(f"unknown statement operator {op!r}")
+
+
+def _prelude() -> str:
+    lines = [
+        "#include <stdint.h>", "#include <stdbool.h>", "#include <stdlib.h>",
+        "#include <string.h>", "#include <math.h>", "",
+        "/* helpers: floor division and modulo round towards -infinity (as in isl and Python) */"]
+    for ct, sfx in (("int32_t", "_i32"), ("int64_t", "_i64")):
+        lines += [
+            f"static inline {ct} polyc_floord{sfx}({ct} a, {ct} b) "
+            "{ return a / b - (a % b != 0 && (a < 0) != (b < 0)); }",
+            f"static inline {ct} polyc_mod{sfx}({ct} a, {ct} b) "
+            "{ const " + ct + " r = a % b; return r != 0 && (r < 0) != (b < 0) ? r + b : r; }",
+            f"static inline {ct} polyc_min{sfx}({ct} a, {ct} b) {{ return a < b ? a : b; }}",
+            f"static inline {ct} polyc_max{sfx}({ct} a, {ct} b) {{ return a > b ? a : b; }}",
+            f"static inline {ct} polyc_abs{sfx}({ct} a) {{ return a < 0 ? -a : a; }}"]
+    for ct, f in (("float", "f"), ("double", "")):
+        one, zero = ("1.0f", "0.0f") if f else ("1.0", "0.0")
+        lines += [
+            f"static inline {ct} polyc_sigmoid{f}({ct} x) {{ return {one} / ({one} + exp{f}(-x)); }}",
+            f"static inline {ct} polyc_relu{f}({ct} x) {{ return x < {zero} ? {zero} : x; }}",
+            f"static inline {ct} polyc_rsqrt{f}({ct} x) {{ return {one} / sqrt{f}(x); }}",
+            f"static inline {ct} polyc_mod{f}({ct} a, {ct} b) "
+            f"{{ const {ct} r = fmod{f}(a, b); return r != {zero} && (r < {zero}) != (b < {zero}) "
+            "? r + b : r; }"]
+    lines += [
+        "/* zeroed, 64-byte aligned storage of count elements of elem bytes; NULL on failure */",
+        "static inline void *polyc_alloc(int64_t count, size_t elem)",
+        "{",
+        "  size_t bytes = ((size_t)count * elem + 63) & ~(size_t)63;",
+        "  void *p = aligned_alloc(64, bytes ? bytes : 64);",
+        "  if (p)",
+        "    memset(p, 0, bytes);",
+        "  return p;",
+        "}"]
+    return "\n".join(lines)
+
+
+#: includes and helper functions at the top of every generated file
+PRELUDE = _prelude()

@@ -1,0 +1,1 @@
+"""Frontends: TC language and einsum strings -> polyc IR."""

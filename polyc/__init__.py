@@ -1,0 +1,20 @@
+"""polyc: a polyhedral loop-optimization compiler.
+
+    import polyc
+    matmul = polyc.define('''
+    def matmul(float(M,K) A, float(K,N) B) -> (C) {
+        C(m,n) +=! A(m,k) * B(k,n)
+    }''')
+    C = matmul(A, B)
+    D = polyc.einsum("bij,bjk->bik", X, Y)
+"""
+from .api import Operator, define, einsum
+from .errors import (CallError, CompileError, InternalError, ParseError, PolycError,
+                     RangeInferenceError, ScheduleError, SemanticError, ToolchainError,
+                     UnsupportedError)
+from .options import Options
+
+__all__ = ["CallError", "CompileError", "InternalError", "Operator", "Options", "ParseError",
+           "PolycError", "RangeInferenceError", "ScheduleError", "SemanticError",
+           "ToolchainError", "UnsupportedError", "define", "einsum"]
+__version__ = "0.1.0"

@@ -1,0 +1,114 @@
+"""The user-facing API: ``define`` a TC operator, call it on numpy arrays; ``einsum``.
+
+An :class:`Operator` holds the generic kernel (sizes symbolic). A call binds the sizes
+from its arrays and, by default (``Options.specialize``), compiles code specialised to
+those sizes, cached per size signature as Tensor Comprehensions does; with
+``specialize=False`` one library takes the sizes as parameters.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import islpy as isl
+import numpy as np
+
+from . import pipeline
+from .ir import Kernel
+from .options import Options
+
+
+class Operator:
+    """A compiled-on-demand operator. Call it with numpy arrays (inputs in signature order)."""
+
+    def __init__(self, kernel: Kernel, options: Options | None = None):
+        self.kernel = kernel
+        self.options = options or Options()
+        self._compiled: dict[tuple[int, ...], pipeline.Compiled] = {}
+        self._last: pipeline.Compiled | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.kernel.name
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.kernel.inputs
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.kernel.outputs
+
+    def compiled_for(self, sizes: dict[str, int]) -> pipeline.Compiled:
+        """The library for these sizes (compiled once per size signature)."""
+        key = tuple(sizes[s] for s in self.kernel.sizes) if self.options.specialize else ()
+        with self._lock:
+            found = self._compiled.get(key)
+            if found is None:
+                kernel = self.kernel.specialize(sizes) if self.options.specialize else self.kernel
+                found = pipeline.compile_kernel(kernel, self.options)
+                self._compiled[key] = found
+            self._last = found
+            return found
+
+    def __call__(self, *inputs: Any) -> Any:
+        sizes = pipeline.bind_sizes(self.kernel, inputs)
+        outs = self.compiled_for(sizes).run(inputs, sizes)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _shown(self) -> pipeline.Compiled:
+        if self._last is None:
+            self._last = pipeline.compile_kernel(self.kernel, self.options.replace(specialize=False),
+                                                 build=False)
+        return self._last
+
+    @property
+    def c_source(self) -> str:
+        """The C of the last call's library (or of the generic kernel before any call)."""
+        return self._shown().c_source
+
+    @property
+    def schedule(self) -> isl.Schedule:
+        """The isl schedule tree that produced :attr:`c_source`."""
+        return self._shown().schedule
+
+    def __repr__(self) -> str:
+        return f"<polyc.Operator {self.name}({', '.join(self.input_names)}) -> " \
+               f"({', '.join(self.output_names)})>"
+
+
+def define(source: str, name: str | None = None, options: Options | None = None,
+           **option_values: Any) -> Operator:
+    """Compile-on-demand operator from TC-language ``source`` (``name`` picks a ``def``).
+
+    Options may be given as an :class:`Options` object or as keywords
+    (``fusion="min"``, ``tile=(32, 64, 512)``, ``threads=2``...).
+    """
+    from .frontend import from_tc
+    options = _options(options, option_values)
+    return Operator(from_tc(source, name), options)
+
+
+def einsum(spec: str, *operands: Any, options: Options | None = None,
+           **option_values: Any) -> np.ndarray:
+    """``numpy.einsum(spec, *operands)`` through the polyc pipeline (compiled once per spec,
+    dtypes and shapes, and cached)."""
+    options = _options(options, option_values)
+    arrays = [np.asarray(x) for x in operands]
+    key = (spec, tuple(str(a.dtype) for a in arrays), tuple(a.ndim for a in arrays), options)
+    op = _EINSUM_CACHE.get(key)
+    if op is None:
+        from .frontend import from_einsum
+        op = Operator(from_einsum(spec, [str(a.dtype) for a in arrays], [a.ndim for a in arrays]),
+                      options)
+        _EINSUM_CACHE[key] = op
+    return op(*arrays)
+
+
+_EINSUM_CACHE: dict[tuple[Any, ...], Operator] = {}
+
+
+def _options(options: Options | None, values: dict[str, Any]) -> Options:
+    base = options or Options()
+    return base.replace(**values) if values else base

@@ -1,0 +1,109 @@
+"""Checks of the IR and of schedules, each small and named.
+
+* :func:`check_accesses_in_bounds`: every access of every statement stays inside its array.
+* :func:`check_schedule`: a schedule covers each statement instance, respects every
+  validity dependence (legality), and each ``parallel``/``simd`` mark sits on a loop
+  that carries no coincidence dependence.
+
+They raise :class:`ScheduleError` / :class:`CompileError` for problems a user can
+cause (a hand-written schedule, an out-of-bounds index), with an explanation.
+"""
+from __future__ import annotations
+
+import islpy as isl
+
+from . import expr as E
+from .deps import Dependences
+from .errors import CompileError, ScheduleError
+from .ir import Kernel, params_prefix
+
+
+def check_accesses_in_bounds(kernel: Kernel) -> None:
+    """Every access (read or write) of every statement is inside its array's extents."""
+    for s in kernel.statements:
+        for acc in (s.write, *s.reads):
+            arr = kernel.array(acc.array)
+            if not arr.shape:
+                continue
+            names = [f"d{i}" for i in range(arr.rank)]
+            conds = " and ".join(f"0 <= {n} < {E.to_isl(d)}" for n, d in zip(names, arr.shape))
+            box = isl.Set(f"{params_prefix(kernel.sizes)}{{ {acc.array}[{', '.join(names)}] : {conds} }}")
+            touched = acc.relation(s.domain).intersect_params(kernel.context).range()
+            if not touched.is_subset(box):
+                outside = touched.subtract(box)
+                raise CompileError(
+                    f"statement {s.name} ({s.origin or 'generated'}) accesses {acc.array} out of "
+                    f"bounds: {E.show(E.Read(acc.array, acc.indices))} reaches {outside}")
+
+
+def check_schedule(kernel: Kernel, deps: Dependences, schedule: isl.Schedule) -> None:
+    """Raise :class:`ScheduleError` unless ``schedule`` is legal for ``kernel``."""
+    _check_covers_domain(kernel, schedule)
+    smap = schedule.get_map().intersect_params(kernel.context)
+    _check_order(deps.validity.intersect_params(kernel.context), smap)
+    _check_marks(deps, schedule, kernel)
+
+
+def _check_covers_domain(kernel: Kernel, schedule: isl.Schedule) -> None:
+    want = kernel.domain()
+    have = schedule.get_domain().intersect_params(kernel.context)
+    if not have.is_equal(want):
+        raise ScheduleError(f"the schedule does not cover the iteration domain exactly: "
+                            f"missing {want.subtract(have)}, extra {have.subtract(want)}")
+
+
+def _check_order(validity: isl.UnionMap, smap: isl.UnionMap) -> None:
+    """Every dependence source is scheduled strictly before its sink."""
+    timed = validity.apply_domain(smap).apply_range(smap)
+    bad: list[isl.Map] = []
+
+    def check(m: isl.Map) -> None:
+        lt = isl.Map.lex_lt(m.get_space().range())
+        if not m.is_subset(lt):
+            bad.append(m.subtract(lt))
+
+    timed.foreach_map(check)
+    if bad:
+        # name the violated dependence in terms of statement instances
+        viol = validity.intersect(isl.UnionMap.from_map(bad[0]).apply_domain(smap.reverse())
+                                  .apply_range(smap.reverse()))
+        raise ScheduleError(f"the schedule breaks a dependence: {viol if not viol.is_empty() else bad[0]}"
+                            " runs the sink before (or with) its source")
+
+
+def _check_marks(deps: Dependences, schedule: isl.Schedule, kernel: Kernel) -> None:
+    coincidence = deps.coincidence.intersect_params(kernel.context)
+    problems: list[str] = []
+    for node in iter_nodes(schedule.get_root()):
+        if node.get_type() != isl.schedule_node_type.mark:
+            continue
+        name = node.mark_get_id().get_name()
+        band = node.child(0)
+        if name in ("parallel", "simd") and band.get_type() == isl.schedule_node_type.band:
+            if not _member_is_parallel(band, coincidence):
+                problems.append(f"the loop marked {name!r} carries a dependence")
+    if problems:
+        raise ScheduleError("; ".join(problems))
+
+
+def iter_nodes(node: isl.ScheduleNode):  # type: ignore[no-untyped-def]
+    """Every node of the subtree at ``node``, top-down (no isl callbacks: exceptions stay safe)."""
+    yield node
+    for i in range(node.n_children()):
+        yield from iter_nodes(node.child(i))
+
+
+def _member_is_parallel(band: isl.ScheduleNode, coincidence: isl.UnionMap) -> bool:
+    """The band's first member has distance 0 on every dependence inside one outer iteration."""
+    prefix = band.get_prefix_schedule_union_map()
+    dom = band.get_domain()
+    deps = coincidence.intersect_domain(dom).intersect_range(dom)
+    same_outer = prefix.apply_range(prefix.reverse())
+    deps = deps.intersect(same_outer)
+    if deps.is_empty():
+        return True
+    first = isl.UnionMap.from_union_pw_aff(band.band_get_partial_schedule().get_union_pw_aff(0))
+    distances = deps.apply_domain(first).apply_range(first).deltas()
+    zero = isl.UnionSet.from_set(isl.Set("{ [0] }")).intersect_params(
+        isl.Set.universe(distances.get_space()))
+    return distances.is_subset(zero)

@@ -1,0 +1,117 @@
+"""Exact dataflow dependences of a kernel, computed by isl.
+
+Three kinds, each an isl union map from source instance to sink instance:
+
+* flow (read after write), value-based: the sink reads what the source wrote;
+* anti (write after read), memory-based;
+* output (write after write).
+
+Reductions: the updates of one element by a reduction statement (``C(m,n) +=
+A(m,k) * B(k,n)``) commute. Their writes are therefore *may* sources (they never
+hide an earlier write: the init statement of ``+=!`` reaches every update, not only
+the first), and the dependences of a reduction statement on itself through its
+target element are kept apart, in ``reduction``: they do not constrain the order
+(``validity``), but a loop that carries them is not parallel (``coincidence``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from . import expr as E
+from .ir import Kernel, Statement, params_prefix
+
+
+@dataclass(frozen=True, eq=False)
+class Dependences:
+    """Dependences of one kernel (isl union maps over statement instances)."""
+    flow: isl.UnionMap
+    anti: isl.UnionMap
+    output: isl.UnionMap
+    #: self-dependences of reduction statements through their target (order-free)
+    reduction: isl.UnionMap
+    #: the original program order, instance -> time
+    original_schedule: isl.UnionMap
+
+    @property
+    def validity(self) -> isl.UnionMap:
+        """What every schedule must respect (instances in order)."""
+        return self.flow.union(self.anti).union(self.output).coalesce()
+
+    @property
+    def coincidence(self) -> isl.UnionMap:
+        """What a parallel (or SIMD) loop must not carry."""
+        return self.validity.union(self.reduction).coalesce()
+
+    @property
+    def proximity(self) -> isl.UnionMap:
+        """What the scheduler tries to keep close (all dependences)."""
+        return self.coincidence
+
+    def dump(self) -> str:
+        return "\n".join(f"{k}: {v}" for k, v in (
+            ("flow", self.flow), ("anti", self.anti), ("output", self.output),
+            ("reduction", self.reduction), ("original", self.original_schedule)))
+
+
+def program_order(kernel: Kernel) -> isl.UnionMap:
+    """``{ S_s[i...] -> [s, i..., 0...] }``: statements in sequence, each in its loop order."""
+    depth = max((len(s.iterators) for s in kernel.statements), default=0)
+    umap = isl.UnionMap.empty(kernel.context.get_space())
+    for pos, s in enumerate(kernel.statements):
+        its = list(s.iterators)
+        time = [str(pos)] + its + ["0"] * (depth - len(its))
+        m = isl.Map(f"{params_prefix(kernel.sizes)}{{ {s.name}[{', '.join(its)}] -> "
+                    f"[{', '.join(time)}] }}")
+        umap = umap.union(isl.UnionMap.from_map(m.intersect_domain(s.domain)))
+    return umap
+
+
+def _accesses(kernel: Kernel, stmts: list[Statement], kind: str) -> isl.UnionMap:
+    umap = isl.UnionMap.empty(kernel.context.get_space())
+    for s in stmts:
+        accesses = [s.write] if kind == "write" else list(s.reads)
+        for a in accesses:
+            umap = umap.union(isl.UnionMap.from_map(a.relation(s.domain)))
+    return umap.intersect_params(kernel.context)
+
+
+def is_relaxable_reduction(s: Statement) -> bool:
+    """A reduction whose value does not read its own target array (so updates commute)."""
+    return s.is_reduction and all(r.array != s.write.array for r in E.reads(s.value))
+
+
+def compute_dependences(kernel: Kernel) -> Dependences:
+    """Flow, anti, output and reduction dependences of ``kernel`` (see the module doc)."""
+    order = program_order(kernel)
+    red = [s for s in kernel.statements if is_relaxable_reduction(s)]
+    plain = [s for s in kernel.statements if not is_relaxable_reduction(s)]
+    must_w = _accesses(kernel, plain, "write")
+    may_w = _accesses(kernel, red, "write")
+    writes = must_w.union(may_w)
+    reads = _accesses(kernel, list(kernel.statements), "read")
+
+    def flow_from(sink: isl.UnionMap, must: isl.UnionMap, may: isl.UnionMap) -> isl.UnionMap:
+        info = isl.UnionAccessInfo.from_sink(sink).set_must_source(must).set_may_source(may)
+        return info.set_schedule_map(order).compute_flow().get_may_dependence()
+
+    flow = flow_from(reads, must_w, may_w)
+    output = flow_from(writes, must_w, may_w)
+    empty = isl.UnionMap.empty(writes.get_space())
+    anti = flow_from(writes, empty, reads)
+
+    reduction = isl.UnionMap.empty(flow.get_space())
+    for s in red:
+        mine = _self_pairs(s)
+        for d in (flow, output, anti):
+            reduction = reduction.union(d.intersect(mine))
+        flow, output, anti = (d.subtract(mine) for d in (flow, output, anti))
+    return Dependences(flow.coalesce(), anti.coalesce(), output.coalesce(),
+                       reduction.coalesce(), order)
+
+
+def _self_pairs(s: Statement) -> isl.UnionMap:
+    """``{ S[i] -> S[j] }`` for all pairs of instances of ``s`` writing the same element."""
+    w = s.write.relation(s.domain)
+    return isl.UnionMap.from_map(w.apply_range(w.reverse()))

@@ -1,0 +1,186 @@
+"""The polyhedral IR of polyc: frozen records that frontends build and passes transform.
+
+Glossary (used with these meanings everywhere in polyc):
+
+* **size** (parameter): a symbolic extent such as ``M``; sizes are isl parameters.
+* **array**: a named, typed, row-major tensor whose extents are affine expressions of sizes.
+* **statement**: one assignment ``write OP= value`` executed once per point of its
+  **iteration domain**, an isl set ``[M,N] -> { S1[m,n,k] : ... }`` whose tuple name is
+  the statement's name and whose dimensions are its **iterators**.
+* **access relation**: an isl map from a statement's domain to array elements
+  (``{ S1[m,n,k] -> A[m,k] }``); one write and any number of reads per statement.
+* **reduction statement**: ``op`` is ``+ * max min``; its iterators absent from the
+  write are **reduction iterators**; the updates of one element commute.
+* **schedule**: an isl schedule tree mapping every statement instance to a time;
+  a **band** is a node of consecutive schedule dimensions (loops); a band member is
+  **coincident** when the loop carries no dependence that forbids running its
+  iterations at once; a **permutable** band may be interchanged and **tiled**
+  into a **tile** band (loops over tiles) above a **point** band (loops inside a tile).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from . import expr as E
+
+#: combine operators of statements, with the identity used by the ``!`` forms
+REDUCTION_OPS = ("+", "*", "max", "min")
+ASSIGN = "="
+
+
+@dataclass(frozen=True)
+class Array:
+    """A tensor: ``name`` (a C identifier), ``dtype`` and ``shape`` (affine in sizes).
+
+    ``role`` is ``"input"``, ``"output"`` or ``"temp"`` (allocated by the kernel).
+    """
+    name: str
+    dtype: str
+    shape: tuple[E.Expr, ...]
+    role: str = "input"
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class Access:
+    """One access of a statement: ``array[indices]`` with indices affine in its iterators."""
+    array: str
+    indices: tuple[E.Expr, ...]
+
+    def relation(self, domain: isl.Set) -> isl.Map:
+        """The access relation, restricted to ``domain``."""
+        return access_relation(domain, self.array, self.indices)
+
+
+@dataclass(frozen=True, eq=False)
+class Statement:
+    """``write = value`` (op ``"="``) or ``write = write OP value`` (a reduction update).
+
+    ``domain`` is an isl set named ``name`` over ``iterators``; ``origin`` says where the
+    statement came from (``"line 3"``, an ONNX node) for messages.
+    """
+    name: str
+    domain: isl.Set
+    iterators: tuple[str, ...]
+    write: Access
+    op: str
+    value: E.Expr
+    origin: str = ""
+    #: "init" for the identity-initialisation of a `!` reduction, else "compute"
+    kind: str = "compute"
+
+    @property
+    def is_reduction(self) -> bool:
+        return self.op in REDUCTION_OPS
+
+    @property
+    def reads(self) -> tuple[Access, ...]:
+        """Read accesses: those of ``value``, plus the written element of a reduction."""
+        rs = tuple(Access(r.array, r.indices) for r in E.reads(self.value))
+        if self.is_reduction:
+            rs = (self.write,) + rs
+        return rs
+
+    @property
+    def reduction_iterators(self) -> tuple[str, ...]:
+        used: set[str] = set()
+        for i in self.write.indices:
+            used |= E.free_names(i)[0]
+        return tuple(it for it in self.iterators if it not in used) if self.is_reduction else ()
+
+
+@dataclass(frozen=True, eq=False)
+class Kernel:
+    """A whole operator: sizes, arrays and statements in program order.
+
+    ``inputs`` and ``outputs`` name arrays in signature order; the other arrays are
+    temporaries. ``context`` holds the constraints on sizes (every extent positive...).
+    """
+    name: str
+    sizes: tuple[str, ...]
+    arrays: tuple[Array, ...]
+    statements: tuple[Statement, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    context: isl.Set = field(default=None)  # type: ignore[assignment]
+    #: scalar size values fixed at compile time (specialisation); empty: generic code
+    fixed_sizes: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.context is None:
+            object.__setattr__(self, "context", default_context(self.sizes, self.arrays))
+
+    def array(self, name: str) -> Array:
+        for a in self.arrays:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    def statement(self, name: str) -> Statement:
+        for s in self.statements:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def temporaries(self) -> tuple[Array, ...]:
+        return tuple(a for a in self.arrays if a.role == "temp")
+
+    def domain(self) -> isl.UnionSet:
+        """The union of all iteration domains, with fixed sizes substituted."""
+        u = isl.UnionSet.empty(self.context.get_space())
+        for s in self.statements:
+            u = u.union(isl.UnionSet.from_set(s.domain))
+        return u.intersect_params(self.context)
+
+    def specialize(self, values: dict[str, int]) -> Kernel:
+        """The same kernel with every size fixed to ``values`` (in the context)."""
+        ctx = self.context
+        for name, v in values.items():
+            pos = ctx.find_dim_by_name(isl.dim_type.param, name)
+            if pos >= 0:
+                ctx = ctx.fix_val(isl.dim_type.param, pos, isl.Val.int_from_si(ctx.get_ctx(), v))
+        return Kernel(self.name, self.sizes, self.arrays, self.statements, self.inputs,
+                      self.outputs, ctx, tuple(sorted(values.items())))
+
+
+def params_prefix(sizes: tuple[str, ...] | list[str]) -> str:
+    return f"[{', '.join(sizes)}] -> " if sizes else ""
+
+
+def default_context(sizes: tuple[str, ...], arrays: tuple[Array, ...]) -> isl.Set:
+    """Sizes are positive, and so is every array extent."""
+    conds = [f"{s} >= 1" for s in sizes]
+    for a in arrays:
+        for d in a.shape:
+            if not isinstance(d, E.Const):
+                conds.append(f"{E.to_isl(d)} >= 1")
+    body = " and ".join(conds)
+    return isl.Set(f"{params_prefix(sizes)}{{ : {body} }}" if body else "{ : }")
+
+
+def access_relation(domain: isl.Set, array: str, indices: tuple[E.Expr, ...]) -> isl.Map:
+    """``{ S[iters] -> array[indices] }`` restricted to ``domain``."""
+    space = domain.get_space()
+    sizes = [space.get_dim_name(isl.dim_type.param, i) for i in range(space.dim(isl.dim_type.param))]
+    iters = [space.get_dim_name(isl.dim_type.set, i) for i in range(space.dim(isl.dim_type.set))]
+    name = domain.get_tuple_name()
+    idx = ", ".join(E.to_isl(i) for i in indices)
+    m = isl.Map(f"{params_prefix(sizes)}{{ {name}[{', '.join(iters)}] -> {array}[{idx}] }}")
+    return m.intersect_domain(domain)
+
+
+def make_domain(name: str, iterators: tuple[str, ...], sizes: tuple[str, ...],
+                bounds: dict[str, tuple[E.Expr, E.Expr]],
+                extra: tuple[str, ...] = ()) -> isl.Set:
+    """The rectangular domain ``lo <= it < hi`` for each iterator, plus ``extra`` isl constraints."""
+    conds = [f"{E.to_isl(bounds[it][0])} <= {it} < {E.to_isl(bounds[it][1])}" for it in iterators]
+    conds += list(extra)
+    body = " and ".join(conds) if conds else ""
+    text = f"{params_prefix(sizes)}{{ {name}[{', '.join(iterators)}]" + (f" : {body} }}" if body else " }")
+    return isl.Set(text)

@@ -1,0 +1,70 @@
+"""Compiler options: one frozen record for the whole compiler.
+
+This is the only module that reads ``POLYC_*`` environment variables:
+
+* ``POLYC_CACHE_DIR``: where compiled libraries are cached (default ``~/.cache/polyc``).
+* ``POLYC_DUMP``: a directory; each pipeline stage writes ``NN-stage.txt`` there.
+* ``POLYC_CHECK``: ``1`` runs the IR and schedule checks after every stage.
+* ``POLYC_CC``: the C compiler (default ``gcc``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+FUSION_MODES = ("min", "smart", "max")
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to compile (never what to compute).
+
+    :fusion: ``"min"`` (one loop nest per strongly connected component),
+        ``"smart"`` (isl's default clustering) or ``"max"`` (fuse whole components).
+    :tile: ``True`` for the default tile-size rule, ``False`` for no tiling, or a
+        tuple of sizes applied to the members of each permutable band (the last
+        size repeats when a band is deeper).
+    :parallel: mark the outermost coincident loop ``omp parallel for``.
+    :vectorize: mark a stride-1 coincident innermost loop ``omp simd``.
+    :threads: OpenMP thread count for the compiled code (None: the OpenMP default).
+    :specialize: compile code for the concrete sizes of each call (cached per
+        size signature) instead of code that takes sizes as parameters.
+    :cflags: extra flags for the C compiler.
+    :sanitize: compile with ``-fsanitize=address,undefined`` (for tests).
+    :schedule: a schedule written by the user (isl union map text such as
+        ``{ S0[m,n] -> [0,m,n,0]; S1[m,n,k] -> [1,m,k,n] }``); it is checked against
+        the dependences and refused with an explanation when illegal.
+    """
+
+    fusion: str = "smart"
+    tile: bool | tuple[int, ...] = True
+    parallel: bool = True
+    vectorize: bool = True
+    threads: int | None = None
+    specialize: bool = True
+    cc: str = dataclasses.field(default_factory=lambda: os.environ.get("POLYC_CC", "gcc"))
+    cflags: tuple[str, ...] = ()
+    sanitize: bool = False
+    #: a user schedule (isl union map or schedule tree text); checked, used as written
+    schedule: str | None = None
+    cache_dir: str = dataclasses.field(default_factory=lambda: os.environ.get(
+        "POLYC_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "polyc")))
+    dump_dir: str | None = dataclasses.field(
+        default_factory=lambda: os.environ.get("POLYC_DUMP") or None)
+    check: bool = dataclasses.field(
+        default_factory=lambda: os.environ.get("POLYC_CHECK", "0") not in ("", "0"))
+
+    def __post_init__(self) -> None:
+        from .errors import CompileError
+        if self.fusion not in FUSION_MODES:
+            raise CompileError(f"unknown fusion mode {self.fusion!r}; expected one of {FUSION_MODES}")
+        if isinstance(self.tile, tuple) and any(int(t) < 1 for t in self.tile):
+            raise CompileError(f"tile sizes must be positive, got {self.tile}")
+        if isinstance(self.tile, list):
+            object.__setattr__(self, "tile", tuple(self.tile))
+        if self.threads is not None and self.threads < 1:
+            raise CompileError(f"threads must be >= 1, got {self.threads}")
+
+    def replace(self, **changes: object) -> Options:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

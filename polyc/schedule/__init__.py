@@ -1,0 +1,1 @@
+"""Scheduling: isl schedule constraints, fusion, tiling, parallel and SIMD marks."""

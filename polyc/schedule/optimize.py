@@ -1,0 +1,142 @@
+"""From isl's schedule to the one we generate code for: order, tile, mark.
+
+One top-down walk over the schedule tree. At each band:
+
+1. **order** (permutable bands): coincident members first, then the others, and the
+   best stride-1 coincident member (see :mod:`.vector`) last, so the innermost point
+   loop is the vector loop — isl's own order often puts a reduction innermost;
+2. **tile** (permutable bands of two or more members) with ``Options.tile`` sizes or
+   the default rule;
+3. **parallel**: the outermost coincident member on the path becomes ``omp parallel
+   for`` (a ``"parallel"`` mark above a band that starts with it);
+4. **simd**: in a band with no band below it, a coincident last member with a positive
+   stride-1 score is split off and marked ``"simd"``.
+
+Marks only carry decisions to code generation; :func:`polyc.check.check_schedule`
+verifies every one of them against the dependences.
+"""
+from __future__ import annotations
+
+import islpy as isl
+
+from ..ir import Kernel
+from ..options import Options
+from . import tiling
+from .vector import stride_score
+
+PARALLEL = "parallel"
+SIMD = "simd"
+
+#: default tile sizes: outer members, reduction (non-coincident) members, vector member
+DEFAULT_TILE_OUTER = 32
+DEFAULT_TILE_REDUCTION = 64
+DEFAULT_TILE_VECTOR = 512
+
+
+def optimize(schedule: isl.Schedule, kernel: Kernel, options: Options) -> isl.Schedule:
+    """Order, tile and mark every band of ``schedule`` (see the module doc)."""
+    root = schedule.get_root()
+    node = _visit(root.child(0), kernel, options, parallel_done=not options.parallel, tile=True)
+    return node.get_schedule()
+
+
+def _visit(node: isl.ScheduleNode, kernel: Kernel, options: Options,
+           parallel_done: bool, tile: bool) -> isl.ScheduleNode:
+    """Edit the subtree at ``node``; returns the node at the same position."""
+    if node.get_type() != isl.schedule_node_type.band:
+        for i in range(node.n_children()):
+            node = _visit(node.child(i), kernel, options, parallel_done, tile).parent()
+        return node
+    return _visit_band(node, kernel, options, parallel_done, tile)
+
+
+def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
+                parallel_done: bool, tile: bool) -> isl.ScheduleNode:
+    marks_above = 0  # marks inserted above ``node``: climb back over them at the end
+    vec = _vector_member(node, kernel) if options.vectorize and _is_leaf_band(node) else None
+    did_tile = False
+    if node.band_get_permutable() and node.band_n_member() > 1:
+        node = tiling.permute_band(node, _member_order(node, vec))
+        vec = None if vec is None else node.band_n_member() - 1
+        sizes = _tile_sizes(node, options, vec)
+        if tile and sizes is not None:
+            node = tiling.tile_band(node, sizes)
+            did_tile = True
+    if not parallel_done and tiling.coincident_flags(node)[0] and not _is_vector_only(node, vec):
+        node = node.insert_mark(isl.Id(PARALLEL)).child(0)
+        marks_above += 1
+        parallel_done = True
+    inner = node.child(0) if did_tile else node  # the band holding the point loops
+    if vec is not None:
+        inner = _mark_simd(inner)
+    else:
+        for i in range(inner.n_children()):
+            inner = _visit(inner.child(i), kernel, options, parallel_done, tile).parent()
+    node = inner.parent() if did_tile else inner
+    for _ in range(marks_above):
+        node = node.parent()
+    return node
+
+
+def _mark_simd(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Split off the last member and mark it; returns the node at the original position."""
+    n = node.band_n_member()
+    last = tiling.split_last(node)
+    marked = last.insert_mark(isl.Id(SIMD))
+    return marked.parent() if n > 1 else marked
+
+
+def _is_leaf_band(node: isl.ScheduleNode) -> bool:
+    """No band below ``node`` in the schedule tree."""
+    def has_band(n: isl.ScheduleNode) -> bool:
+        for i in range(n.n_children()):
+            c = n.child(i)
+            if c.get_type() == isl.schedule_node_type.band or has_band(c):
+                return True
+        return False
+    return not has_band(node)
+
+
+def _vector_member(node: isl.ScheduleNode, kernel: Kernel) -> int | None:
+    """The coincident member with the best positive stride-1 score (the last on ties)."""
+    flags = tiling.coincident_flags(node)
+    best, best_score = None, 0
+    candidates = range(node.band_n_member()) if node.band_get_permutable() \
+        else [node.band_n_member() - 1]
+    for i in candidates:
+        if flags[i]:
+            score = stride_score(kernel, node, i)
+            if score > 0 and score >= best_score:
+                best, best_score = i, score
+    return best
+
+
+def _is_vector_only(node: isl.ScheduleNode, vec: int | None) -> bool:
+    """A one-member band that is the vector loop: leave it to SIMD, not threads."""
+    return vec is not None and node.band_n_member() == 1
+
+
+def _member_order(node: isl.ScheduleNode, vec: int | None) -> list[int]:
+    flags = tiling.coincident_flags(node)
+    members = [i for i in range(node.band_n_member()) if i != vec]
+    order = [i for i in members if flags[i]] + [i for i in members if not flags[i]]
+    return order + ([vec] if vec is not None else [])
+
+
+def _tile_sizes(node: isl.ScheduleNode, options: Options, vec: int | None) -> list[int] | None:
+    n = node.band_n_member()
+    if options.tile is False:
+        return None
+    if isinstance(options.tile, tuple):
+        sizes = list(options.tile)
+        return (sizes + [sizes[-1]] * n)[:n]
+    flags = tiling.coincident_flags(node)
+    sizes = []
+    for i in range(n):
+        if i == vec:
+            sizes.append(DEFAULT_TILE_VECTOR)
+        elif flags[i]:
+            sizes.append(DEFAULT_TILE_OUTER)
+        else:
+            sizes.append(DEFAULT_TILE_REDUCTION)
+    return sizes

@@ -1,0 +1,104 @@
+"""Compute a schedule tree with isl's ILP scheduler, under a fusion strategy.
+
+Fusion modes (``Options.fusion``):
+
+* ``min``: every statement gets its own loop nest, in program order.
+* ``smart``: statements are cut into runs of consecutive statements (program order)
+  with the same loop depth; isl fuses within a run. This keeps the initialisation of a
+  reduction (2-D) out of the reduction's 3-D band, so that band stays permutable and
+  tileable in all three dimensions, much as Pluto's smartfuse cuts between
+  statements of different dimensionality.
+* ``max``: one run for the whole kernel; isl schedules whole components at once
+  (``schedule_whole_component``) and fuses as much as the dependences allow.
+
+Cutting in program order is always legal: the original program is sequential, so
+every dependence goes from an earlier statement to a later one (or within one).
+
+The result, for two runs::
+
+    domain
+      sequence
+        filter { S0 }      filter { S1, S2 }
+          band (isl)         band (isl) ...
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import islpy as isl
+
+from ..deps import Dependences
+from ..ir import Kernel, Statement
+from ..options import Options
+
+
+@contextlib.contextmanager
+def isl_options(ctx: isl.Context, **values: int) -> Iterator[None]:
+    """Set isl context options (``schedule_whole_component=1``...) for a block."""
+    old = {k: getattr(ctx, f"get_{k}")() for k in values}
+    try:
+        for k, v in values.items():
+            getattr(ctx, f"set_{k}")(v)
+        yield
+    finally:
+        for k, v in old.items():
+            getattr(ctx, f"set_{k}")(v)
+
+
+def fusion_groups(kernel: Kernel, mode: str) -> list[list[Statement]]:
+    """Runs of consecutive statements scheduled together (see the module doc)."""
+    stmts = list(kernel.statements)
+    if mode == "max":
+        return [stmts]
+    if mode == "min":
+        return [[s] for s in stmts]
+    groups: list[list[Statement]] = []
+    for s in stmts:
+        if groups and len(groups[-1][-1].iterators) == len(s.iterators):
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    return groups
+
+
+def _filter_names(umap: isl.UnionMap, names: set[str]) -> isl.UnionMap:
+    """Keep the parts of ``umap`` whose source and sink are both statements in ``names``."""
+    keep: list[isl.Map] = []
+    umap.foreach_map(lambda m: keep.append(m) if (
+        m.get_tuple_name(isl.dim_type.in_) in names
+        and m.get_tuple_name(isl.dim_type.out) in names) else None)
+    out = isl.UnionMap.empty(umap.get_space())
+    for m in keep:
+        out = out.union(isl.UnionMap.from_map(m))
+    return out
+
+
+def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
+                    whole_component: bool) -> isl.Schedule:
+    names = {s.name for s in group}
+    dom = isl.UnionSet.empty(kernel.context.get_space())
+    for s in group:
+        dom = dom.union(isl.UnionSet.from_set(s.domain))
+    dom = dom.intersect_params(kernel.context)
+    sc = (isl.ScheduleConstraints.on_domain(dom)
+          .set_context(kernel.context)
+          .set_validity(_filter_names(deps.validity, names))
+          .set_coincidence(_filter_names(deps.coincidence, names))
+          .set_proximity(_filter_names(deps.proximity, names)))
+    ctx = dom.get_ctx()
+    with isl_options(ctx, schedule_whole_component=int(whole_component),
+                     schedule_maximize_coincidence=1, schedule_outer_coincidence=0):
+        return sc.compute_schedule()
+
+
+def compute_schedule(kernel: Kernel, deps: Dependences, options: Options) -> isl.Schedule:
+    """A legal schedule tree for ``kernel`` under ``options.fusion`` (untiled, unmarked)."""
+    groups = fusion_groups(kernel, options.fusion)
+    parts = [_schedule_group(kernel, deps, g, options.fusion == "max") for g in groups]
+    if len(parts) == 1:
+        return parts[0]
+    sched = parts[0]
+    for p in parts[1:]:
+        sched = sched.sequence(p)
+    return sched

@@ -1,0 +1,67 @@
+"""Band edits on the schedule tree: member permutation, tiling, splitting.
+
+Each function takes a band node and returns the node at the same position of the
+edited tree. Tiling a permutable band B of n members with sizes t::
+
+    band B (i, j, k)              band (floor(i/ti)*ti, ...)   <- tile loops
+      ...               ==>         band (i, j, k)             <- point loops
+                                      ...
+
+(point loops are not shifted to start at 0: the AST keeps the original iterators.)
+"""
+from __future__ import annotations
+
+import islpy as isl
+
+from .scheduler import isl_options
+
+
+def member_count(node: isl.ScheduleNode) -> int:
+    return node.band_n_member()
+
+
+def coincident_flags(node: isl.ScheduleNode) -> list[bool]:
+    return [bool(node.band_member_get_coincident(i)) for i in range(node.band_n_member())]
+
+
+def permute_band(node: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:
+    """Reorder the members of a permutable band (``order[new] = old``); flags follow."""
+    n = node.band_n_member()
+    if order == list(range(n)):
+        return node
+    flags = coincident_flags(node)
+    mupa = node.band_get_partial_schedule()
+    upas = [mupa.get_union_pw_aff(old) for old in order]
+    new = isl.MultiUnionPwAff.from_union_pw_aff_list(
+        mupa.get_space(), _upa_list(upas))
+    node = node.delete().insert_partial_schedule(new)
+    node = node.band_set_permutable(1)
+    for new_pos, old in enumerate(order):
+        node = node.band_member_set_coincident(new_pos, int(flags[old]))
+    return node
+
+
+def _upa_list(upas: list[isl.UnionPwAff]) -> isl.UnionPwAffList:
+    lst = isl.UnionPwAffList.alloc(upas[0].get_ctx(), len(upas))
+    for u in upas:
+        lst = lst.add(u)
+    return lst
+
+
+def tile_band(node: isl.ScheduleNode, sizes: list[int]) -> isl.ScheduleNode:
+    """Tile a permutable band; returns the tile band (its child is the point band)."""
+    space = node.band_get_space()
+    mv = isl.MultiVal.zero(space)
+    ctx = node.get_ctx()
+    for i, t in enumerate(sizes):
+        mv = mv.set_val(i, isl.Val.int_from_si(ctx, t))
+    with isl_options(ctx, tile_shift_point_loops=0, tile_scale_tile_loops=1):
+        return node.band_tile(mv)
+
+
+def split_last(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Split off the last member of a band; returns the node of the one-member band."""
+    n = node.band_n_member()
+    if n == 1:
+        return node
+    return node.band_split(n - 1).child(0)
