@@ -109,10 +109,14 @@ class Piece:
 def binary(op: str, a: Piece, b: Piece) -> Piece:
     p = _PREC[op]
     if p in (AND, OR):        # gcc -Wparentheses: never mix && and || unparenthesised
-        return Piece(f"{a.at(AND + 1)} {op} {b.at(AND + 1)}", p)
+        return Piece(f"{_logic_operand(a, p)} {op} {_logic_operand(b, p)}", p)
     if p in (REL, EQ):        # nor chain comparisons
         return Piece(f"{a.at(ADD)} {op} {b.at(ADD)}", p)
     return Piece(f"{a.at(p)} {op} {b.at(p + 1)}", p)
+
+
+def _logic_operand(x: Piece, p: int) -> str:
+    return x.text if x.prec == p or x.prec > AND else f"({x.text})"
 
 
 def call(fn: str, *args: Piece) -> Piece:
@@ -120,6 +124,9 @@ def call(fn: str, *args: Piece) -> Piece:
 
 
 def cast(dtype: str, x: Piece) -> Piece:
+    """``x`` converted to ``dtype``; to bool as ``x != 0`` (gcc warns on ``(bool)(a * b)``)."""
+    if dtype == "bool":
+        return binary("!=", x, Piece("0"))
     return Piece(f"({CTYPES[dtype]}){x.at(PRIMARY)}", UNARY)
 
 
@@ -130,7 +137,7 @@ def select(c: Piece, a: Piece, b: Piece) -> Piece:
 _INT_LIMITS = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
 
 
-def literal(value: int | float | bool, dtype: str) -> Piece:
+def literal(value: float | bool, dtype: str) -> Piece:
     """``value`` as a C constant of ``dtype``."""
     if dtype == "bool":
         return Piece("true" if value else "false")
@@ -312,7 +319,7 @@ class BodyPrinter:
         raise InternalError(f"unknown built-in function {fn!r}")
 
 
-def _coerce(value: int | float | bool, dtype: str) -> int | float | bool:
+def _coerce(value: float | bool, dtype: str) -> int | float | bool:
     if dtype == "bool":
         return bool(value)
     if dtype in _INT_LIMITS and math.isfinite(value):
@@ -342,10 +349,10 @@ def _prelude() -> str:
         "/* helpers: floor division and modulo round towards -infinity (as in isl and Python) */"]
     for ct, sfx in (("int32_t", "_i32"), ("int64_t", "_i64")):
         lines += [
-            f"static inline {ct} polyc_floord{sfx}({ct} a, {ct} b) "
-            "{ return a / b - (a % b != 0 && (a < 0) != (b < 0)); }",
-            f"static inline {ct} polyc_mod{sfx}({ct} a, {ct} b) "
-            "{ const " + ct + " r = a % b; return r != 0 && (r < 0) != (b < 0) ? r + b : r; }",
+            (f"static inline {ct} polyc_floord{sfx}({ct} a, {ct} b) "
+             "{ return a / b - (a % b != 0 && (a < 0) != (b < 0)); }"),
+            (f"static inline {ct} polyc_mod{sfx}({ct} a, {ct} b) "
+             f"{{ const {ct} r = a % b; return r != 0 && (r < 0) != (b < 0) ? r + b : r; }}"),
             f"static inline {ct} polyc_min{sfx}({ct} a, {ct} b) {{ return a < b ? a : b; }}",
             f"static inline {ct} polyc_max{sfx}({ct} a, {ct} b) {{ return a > b ? a : b; }}",
             f"static inline {ct} polyc_abs{sfx}({ct} a) {{ return a < 0 ? -a : a; }}"]
@@ -355,9 +362,9 @@ def _prelude() -> str:
             f"static inline {ct} polyc_sigmoid{f}({ct} x) {{ return {one} / ({one} + exp{f}(-x)); }}",
             f"static inline {ct} polyc_relu{f}({ct} x) {{ return x < {zero} ? {zero} : x; }}",
             f"static inline {ct} polyc_rsqrt{f}({ct} x) {{ return {one} / sqrt{f}(x); }}",
-            f"static inline {ct} polyc_mod{f}({ct} a, {ct} b) "
-            f"{{ const {ct} r = fmod{f}(a, b); return r != {zero} && (r < {zero}) != (b < {zero}) "
-            "? r + b : r; }"]
+            (f"static inline {ct} polyc_mod{f}({ct} a, {ct} b) "
+             f"{{ const {ct} r = fmod{f}(a, b); return r != {zero} && (r < {zero}) != (b < {zero}) "
+             "? r + b : r; }")]
     lines += [
         "/* zeroed, 64-byte aligned storage of count elements of elem bytes; NULL on failure */",
         "static inline void *polyc_alloc(int64_t count, size_t elem)",

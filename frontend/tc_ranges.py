@@ -11,8 +11,9 @@ keeps that access in bounds for all values of the already-ranged indices.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Union
 
 from polyc import expr as E
 
@@ -78,13 +79,21 @@ class Lin:
 
 
 def floor_div(x: Lin, d: int) -> Lin:
-    """``floor(x / d)`` for ``d >= 1``, with multiples of ``d`` taken out of the floor."""
+    """``floor(x / d)`` for ``d >= 1``, with multiples of ``d`` taken out of the floor.
+
+    What stays inside keeps its sign (``(H - KH) // 2``, ``(H - 1) // 2``), so extents
+    read as written by hand.
+    """
     if d == 1:
         return x
-    outside = Lin({a: c // d for a, c in x.terms.items()}, x.const // d)
-    inside = Lin({a: c % d for a, c in x.terms.items()}, x.const % d)
+    def rem(c: int) -> int:  # truncating remainder: keeps the sign of c
+        return c % d if c >= 0 else -(-c % d)
+    rest = {a: rem(c) for a, c in x.terms.items()}
+    outside = Lin({a: (c - rest[a]) // d for a, c in x.terms.items()},
+                  (x.const - rem(x.const)) // d)
+    inside = Lin(rest, rem(x.const))
     if inside.is_const:
-        return outside
+        return outside + inside.const // d
     return outside + Lin.of(Floor(inside, d))
 
 
@@ -208,17 +217,19 @@ class Constraint:
 
 
 def infer_ranges(indices: list[str], fixed: dict[str, Range], constraints: list[Constraint],
-                 le: Callable[[Lin, Lin], bool]) -> tuple[dict[str, Range], set[str]]:
-    """TC's range inference; returns (ranges, names whose range is a min/max we cannot pick).
+                 le: Callable[[Lin, Lin], bool]
+                 ) -> tuple[dict[str, Range], dict[str, list[Range]]]:
+    """TC's range inference: (ranges, {index: candidate ranges} for the ambiguous ones).
 
     ``fixed`` are the `where` ranges (never re-inferred). Each round, every index that is
     the only unranged index of some constraint gets the intersection of the ranges all
     such constraints give it; a constraint with two unranged indices waits for a later
     round. ``le(a, b)`` proves ``a <= b`` for all sizes; when neither bound provably wins,
-    the first is kept and the index is reported (the domain must then carry the others).
+    the first is kept and the index is reported with all the candidates (the domain must
+    then carry the other bounds as constraints).
     """
     ranges = dict(fixed)
-    ambiguous: set[str] = set()
+    ambiguous: dict[str, list[Range]] = {}
     while True:
         found: dict[str, list[Range]] = {}
         for con in constraints:
@@ -234,7 +245,7 @@ def infer_ranges(indices: list[str], fixed: dict[str, Range], constraints: list[
             hi, amb_hi = _pick(rs, 1, le)
             ranges[x] = (lo, hi)
             if amb_lo or amb_hi:
-                ambiguous.add(x)
+                ambiguous[x] = rs
 
 
 def _pick(rs: list[Range], k: int, better: Callable[[Lin, Lin], bool]) -> tuple[Lin, bool]:

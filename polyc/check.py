@@ -1,6 +1,7 @@
 """Checks of the IR and of schedules, each small and named.
 
-* :func:`check_accesses_in_bounds`: every access of every statement stays inside its array.
+* :func:`check_accesses_in_bounds`: every write and every unguarded read stays inside
+  its array (a read under ``?:`` may point outside where its guard is false).
 * :func:`check_schedule`: a schedule covers each statement instance, respects every
   validity dependence (legality), and each ``parallel``/``simd`` mark sits on a loop
   that carries no coincidence dependence.
@@ -15,13 +16,14 @@ import islpy as isl
 from . import expr as E
 from .deps import Dependences
 from .errors import CompileError, ScheduleError
-from .ir import Kernel, params_prefix
+from .ir import Access, Kernel, params_prefix
 
 
 def check_accesses_in_bounds(kernel: Kernel) -> None:
     """Every access (read or write) of every statement is inside its array's extents."""
     for s in kernel.statements:
-        for acc in (s.write, *s.reads):
+        unconditional = [Access(r.array, r.indices) for r in E.unconditional_reads(s.value)]
+        for acc in (s.write, *unconditional):
             arr = kernel.array(acc.array)
             if not arr.shape:
                 continue

@@ -119,6 +119,21 @@ def reads(e: Expr) -> tuple[Read, ...]:
     return tuple(x for x in walk(e) if isinstance(x, Read))
 
 
+def unconditional_reads(e: Expr) -> list[Read]:
+    """Reads evaluated whatever the data: not in ``?:`` branches nor right of ``&& ||``.
+
+    Only these must stay inside their arrays; a guarded read (TC's padded-convolution
+    idiom ``cond ? I(h+kh-1) : 0``) may point outside where its guard is false.
+    """
+    if isinstance(e, Read):
+        return [e]
+    if isinstance(e, Select):
+        return unconditional_reads(e.cond)
+    if isinstance(e, Binary) and e.op in ("&&", "||"):
+        return unconditional_reads(e.a)
+    return [r for c in children(e) for r in unconditional_reads(c)]
+
+
 def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     """Rebuild ``e`` bottom-up; ``fn`` returns a replacement or None to keep the node."""
     if isinstance(e, Read):

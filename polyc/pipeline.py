@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import islpy as isl
 
 from . import check
+from .codegen import CompiledFunction, CSource, bind_sizes, build_shared, generate_c
 from .deps import Dependences, compute_dependences
-from .errors import CompileError, ScheduleError
+from .errors import CompileError, InternalError, ScheduleError
 from .ir import Kernel
 from .options import Options
 from .printer import show_kernel
@@ -29,6 +30,8 @@ from .schedule.optimize import optimize
 from .schedule.scheduler import compute_schedule
 
 T = TypeVar("T")
+
+__all__ = ["Compiled", "Scheduled", "bind_sizes", "compile_kernel", "schedule_kernel"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,11 +43,42 @@ class Scheduled:
 
 
 @dataclass(frozen=True, eq=False)
-class Built:
-    """A scheduled kernel, its C source and the shared library built from it."""
+class Compiled:
+    """The result of every stage: C source, header, and (when built) the loaded function."""
     scheduled: Scheduled
-    source: object  # codegen.CSource
-    library_path: str | None
+    source: CSource
+    function: CompiledFunction | None
+
+    @property
+    def schedule(self) -> isl.Schedule:
+        return self.scheduled.schedule
+
+    @property
+    def c_source(self) -> str:
+        return self.source.text
+
+    @property
+    def header(self) -> str:
+        return self.source.header
+
+    @property
+    def library_path(self) -> str:
+        if self.function is None:
+            raise InternalError("this kernel was generated but not built")
+        return self.function.path
+
+    @property
+    def ir_text(self) -> str:
+        return show_kernel(self.scheduled.kernel)
+
+    @property
+    def deps_text(self) -> str:
+        return self.scheduled.deps.dump()
+
+    def run(self, inputs: Sequence[Any], sizes: dict[str, int] | None = None) -> tuple[Any, ...]:
+        if self.function is None:
+            raise InternalError("this kernel was generated but not built")
+        return self.function(inputs, sizes)
 
 
 class _Stages:
@@ -76,10 +110,17 @@ def schedule_kernel(kernel: Kernel, options: Options) -> Scheduled:
     return Scheduled(kernel, deps, sched)
 
 
-def build_kernel(kernel: Kernel, options: Options, *, build: bool = True) -> Built:
-    """All stages; ``build=False`` stops after printing C."""
-    from ..polyc import codegen  # noqa: F401  (keeps the import graph explicit)
-    raise NotImplementedError
+def compile_kernel(kernel: Kernel, options: Options, *, build: bool = True) -> Compiled:
+    """Every stage; ``build=False`` stops after printing C."""
+    stage = _Stages(options, kernel.name)
+    scheduled = schedule_kernel(kernel, options)
+    source = stage("c", generate_c(scheduled.kernel, scheduled.schedule, options),
+                   lambda c: c.text)
+    if not build:
+        return Compiled(scheduled, source, None)
+    path = stage("build", build_shared(source, options))
+    return Compiled(scheduled, source, CompiledFunction(scheduled.kernel, path,
+                                                        source.function_name, source))
 
 
 def user_schedule(kernel: Kernel, text: str) -> isl.Schedule:

@@ -1,0 +1,304 @@
+"""The C-family emitter: walks the isl AST once and prints C through cgen.
+
+A dialect (:class:`CDialect` and its subclasses) holds what changes between targets:
+pragmas, qualifiers, the index type. The function it generates for a kernel::
+
+    int <kernel>(int64_t <sizes>..., const T *restrict <inputs>..., T *restrict <outputs>...)
+    {
+      if (!(<sizes satisfy kernel.context>))
+        return 1;
+      {                                   // only for specialised kernels (fixed sizes)
+        const int64_t M = 100;
+        T *restrict tmp = polyc_alloc(...);   // temporaries, zeroed; return 2 on failure
+        <loop nest>
+        free(tmp);
+        return 0;
+      }
+    }
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import cgen
+import islpy as isl
+
+from polyc import expr as E
+from polyc.errors import InternalError
+from polyc.ir import Kernel, Statement
+from polyc.options import Options
+
+from .ast import build_ast, loop_depth, parse_mark, size_check
+from .c_expr import (
+    CTYPES,
+    PRELUDE,
+    PRIMARY,
+    BodyPrinter,
+    Namer,
+    Piece,
+    isl_expr,
+    loop_var,
+    update,
+)
+
+
+@dataclass(frozen=True)
+class CSource:
+    """Generated C for one kernel.
+
+    ``arg_names``/``arg_types`` are the C parameters in calling order (sizes, inputs,
+    outputs); ``size_names`` and ``array_names`` pair each user name with its C name.
+    """
+    text: str
+    header: str
+    function_name: str
+    kernel_name: str
+    arg_names: tuple[str, ...]
+    arg_types: tuple[str, ...]
+    size_names: tuple[tuple[str, str], ...] = field(default=())
+    array_names: tuple[tuple[str, str], ...] = field(default=())
+
+
+class CDialect:
+    """Plain C11, sequential. Subclasses override attributes, not the walk."""
+    #: qualifier written before the return type (``__global__`` for a CUDA kernel)
+    function_qualifier = ""
+    restrict = "restrict"
+    index_type = "int64_t"
+    parallel_pragma: str | None = None
+    simd_pragma: str | None = None
+    parallel_simd_pragma: str | None = None
+    #: clause appended to the parallel pragma when ``options.threads`` is set
+    threads_clause = ""
+
+    def loop_pragmas(self, parallel: bool, simd: bool, options: Options) -> list[str]:
+        """The pragmas to put before a loop the schedule marked parallel and/or simd."""
+        par = self.parallel_pragma if parallel and options.parallel else None
+        vec = self.simd_pragma if simd and options.vectorize else None
+        threads = self.threads_clause.format(options.threads) if options.threads else ""
+        if par and vec and self.parallel_simd_pragma:
+            return [self.parallel_simd_pragma + threads]
+        return ([par + threads] if par else []) + ([vec] if vec else [])
+
+
+class OpenMPDialect(CDialect):
+    """C11 with OpenMP: ``parallel`` marks become ``omp parallel for``, ``simd`` ``omp simd``."""
+    parallel_pragma = "omp parallel for"
+    simd_pragma = "omp simd"
+    parallel_simd_pragma = "omp parallel for simd"
+    threads_clause = " num_threads({})"
+
+
+def generate_c(kernel: Kernel, schedule: isl.Schedule, options: Options | None = None,
+               dialect: CDialect | None = None) -> CSource:
+    """C source of ``kernel`` executing its statements in the order of ``schedule``.
+
+    ``schedule`` is over ``kernel.domain()``; its ``"parallel"``/``"simd"`` marks
+    annotate the outermost loop of the band below them.
+    """
+    options = options or Options()
+    dialect = dialect or OpenMPDialect()
+    sym = _Symbols.of(kernel)
+    body = _Walker(kernel, sym, dialect, options).node(build_ast(kernel, schedule), (), False)
+    fn = _function(kernel, sym, dialect, body)
+    comment = _describe(kernel, sym, dialect)
+    text = f"{comment}\n{PRELUDE}\n\n{fn}\n"
+    header = (f"{comment}\n#include <stdint.h>\n#include <stdbool.h>\n\n"
+              f"{_declaration(kernel, sym, dialect)}\n")
+    params = _parameters(kernel, sym, dialect)
+    return CSource(text, header, sym.function, kernel.name,
+                   tuple(p.name for p in params), tuple(p.typename for p in params),
+                   tuple(sym.sizes.items()), tuple(sym.arrays.items()))
+
+
+@dataclass
+class _Symbols:
+    """C names of the kernel's function, sizes and arrays (unique, never reserved)."""
+    function: str
+    sizes: dict[str, str]
+    arrays: dict[str, str]
+    namer: Namer
+
+    @classmethod
+    def of(cls, kernel: Kernel) -> _Symbols:
+        namer = Namer()
+        function = namer.fresh(kernel.name)
+        sizes = {s: namer.fresh(s) for s in kernel.sizes}
+        order = list(kernel.inputs) + list(kernel.outputs) + [a.name for a in kernel.temporaries]
+        arrays = {a: namer.fresh(a) for a in order}
+        return cls(function, sizes, arrays, namer)
+
+    def printer(self, kernel: Kernel, index_names: dict[str, str]) -> BodyPrinter:
+        return BodyPrinter({a.name: a.dtype for a in kernel.arrays},
+                           {a.name: a.shape for a in kernel.arrays},
+                           self.sizes, self.arrays, index_names)
+
+
+Pending = tuple[tuple[str, int], ...]
+
+
+class _Walker:
+    """isl AST -> list of cgen nodes; ``pending`` carries loop marks down to their loop."""
+
+    def __init__(self, kernel: Kernel, sym: _Symbols, dialect: CDialect, options: Options):
+        self.kernel, self.sym, self.dialect, self.options = kernel, sym, dialect, options
+        self.isl_names = dict(sym.sizes)  # isl identifier -> C (sizes, then loop iterators)
+
+    def node(self, n: isl.AstNode, pending: Pending, in_parallel: bool) -> list[cgen.Generable]:
+        t = n.get_type()
+        if t == isl.ast_node_type.for_:
+            return self._for(n, pending, in_parallel)
+        if t == isl.ast_node_type.block:
+            kids = n.block_get_children()
+            return [g for i in range(kids.n_ast_node())
+                    for g in self.node(kids.get_at(i), pending, in_parallel)]
+        if t == isl.ast_node_type.if_:
+            then = _block(self.node(n.if_get_then_node(), pending, in_parallel))
+            other = (_block(self.node(n.if_get_else_node(), pending, in_parallel))
+                     if n.if_has_else_node() else None)
+            return [cgen.If(self._isl(n.if_get_cond()).text, then, other)]
+        if t == isl.ast_node_type.mark:
+            mark = parse_mark(n.mark_get_id().get_name())
+            return self.node(n.mark_get_node(), pending + ((mark,) if mark else ()), in_parallel)
+        if t == isl.ast_node_type.user:
+            return [self._user(n.user_get_expr())]
+        raise InternalError(f"unexpected isl AST node type {t}")
+
+    def _isl(self, e: isl.AstExpr) -> Piece:
+        return isl_expr(e, self.isl_names)
+
+    def _for(self, n: isl.AstNode, pending: Pending, in_parallel: bool) -> list[cgen.Generable]:
+        iterator = n.for_get_iterator().get_id().get_name()
+        depth = loop_depth(iterator)
+        var = self.isl_names[iterator] = loop_var(depth)
+        if n.for_is_degenerate():  # one iteration: no loop, no pragma
+            body = self.node(n.for_get_body(), (), in_parallel)
+            init = self._isl(n.for_get_init()).text
+            used = _mentions("\n".join(str(g) for g in body), var)
+            decl = [cgen.Statement(f"const {self.dialect.index_type} {var} = {init}")] if used else []
+            return [cgen.Block(decl + body)]
+        kinds = {kind for kind, d in pending if d == depth}  # marks of a band at this depth
+        parallel = "parallel" in kinds and not in_parallel
+        pragmas = self.dialect.loop_pragmas(parallel, "simd" in kinds, self.options)
+        parallel = parallel and any("parallel" in p for p in pragmas)
+        body = self.node(n.for_get_body(), (), in_parallel or parallel)
+        loop = cgen.For(f"{self.dialect.index_type} {var} = {self._isl(n.for_get_init()).text}",
+                        self._isl(n.for_get_cond()).text,
+                        f"{var} += {self._isl(n.for_get_inc()).text}", _block(body))
+        return [cgen.Pragma(p) for p in pragmas] + [loop]
+
+    def _user(self, call: isl.AstExpr) -> cgen.Generable:
+        stmt = self.kernel.statement(call.get_op_arg(0).get_id().get_name())
+        if call.get_op_n_arg() != len(stmt.iterators) + 1:
+            raise InternalError(f"statement {stmt.name} has {len(stmt.iterators)} iterators "
+                                f"but the AST passes {call.get_op_n_arg() - 1}")
+        scope = self.sym.namer.child()
+        used = _used_iterators(stmt)
+        index_names, decls = {}, []
+        for i, it in enumerate(stmt.iterators):
+            if it in used:
+                index_names[it] = scope.fresh(it)
+                value = self._isl(call.get_op_arg(i + 1)).text
+                decls.append(cgen.Statement(
+                    f"const {self.dialect.index_type} {index_names[it]} = {value}"))
+        printer = self.sym.printer(self.kernel, index_names)
+        dtype = self.kernel.array(stmt.write.array).dtype
+        target = printer.element(stmt.write.array, stmt.write.indices)
+        code = cgen.Statement(update(stmt.op, target, printer.expr(stmt.value, dtype), dtype))
+        return cgen.Block(decls + [code]) if decls else code
+
+
+def _block(body: list[cgen.Generable]) -> cgen.Block:
+    """``{ body }``; a statement's own block is the loop's (no ``{ { ... } }``)."""
+    return body[0] if len(body) == 1 and isinstance(body[0], cgen.Block) else cgen.Block(body)
+
+
+def _used_iterators(stmt: Statement) -> set[str]:
+    used: set[str] = set()
+    for e in (*stmt.write.indices, stmt.value):
+        used |= E.free_names(e)[0]
+    return used
+
+
+def _parameters(kernel: Kernel, sym: _Symbols, dialect: CDialect) -> list[cgen.Value]:
+    r = dialect.restrict
+    params = [cgen.Value("int64_t", sym.sizes[s]) for s in kernel.sizes]
+    for names, const in ((kernel.inputs, "const "), (kernel.outputs, "")):
+        for a in names:
+            ctype = CTYPES[kernel.array(a).dtype]
+            params.append(cgen.Value(f"{const}{ctype} *{r}", sym.arrays[a]))
+    return params
+
+
+def _declaration(kernel: Kernel, sym: _Symbols, dialect: CDialect) -> cgen.FunctionDeclaration:
+    ret = f"{dialect.function_qualifier} int".strip()
+    return cgen.FunctionDeclaration(cgen.Value(ret, sym.function),
+                                    _parameters(kernel, sym, dialect))
+
+
+def _function(kernel: Kernel, sym: _Symbols, dialect: CDialect,
+              body: list[cgen.Generable]) -> cgen.FunctionBody:
+    temps = [(sym.arrays[a.name], CTYPES[a.dtype], a.shape) for a in kernel.temporaries]
+    printer = sym.printer(kernel, {})
+    inner: list[cgen.Generable] = []
+    for name, ctype, shape in temps:
+        count = printer.expr(_product(shape), "int64").text
+        inner.append(cgen.Statement(
+            f"{ctype} *{dialect.restrict} {name} = polyc_alloc({count}, sizeof({ctype}))"))
+    frees = [cgen.Statement(f"free({name})") for name, _, _ in temps]
+    if temps:
+        failed = " || ".join(f"!{name}" for name, _, _ in temps)
+        inner.append(cgen.If(failed, cgen.Block(frees + [cgen.Statement("return 2")])))
+    inner += body + frees + [cgen.Statement("return 0")]
+
+    outer: list[cgen.Generable] = []
+    check = size_check(kernel)
+    if check is not None:
+        cond = isl_expr(check, dict(sym.sizes))
+        outer.append(cgen.If(f"!{cond.at(PRIMARY)}", cgen.Statement("return 1")))
+    fixed = dict(kernel.fixed_sizes)
+    inner_text = "\n".join(str(g) for g in inner)
+    consts = [cgen.Statement(f"const int64_t {sym.sizes[s]} = {fixed[s]}")
+              for s in kernel.sizes if s in fixed and _mentions(inner_text, sym.sizes[s])]
+    outer += [cgen.Block(consts + inner)] if consts else inner
+    text = "\n".join(str(g) for g in outer)
+    unused = [cgen.Statement(f"(void){p.name}") for p in _parameters(kernel, sym, dialect)
+              if not _mentions(text, p.name)]
+    return cgen.FunctionBody(_declaration(kernel, sym, dialect), cgen.Block(unused + outer))
+
+
+def _product(shape: tuple[E.Expr, ...]) -> E.Expr:
+    total: E.Expr = shape[0] if shape else E.Const(1)
+    for extent in shape[1:]:
+        total = E.Binary("*", total, extent)
+    return total
+
+
+def _mentions(text: str, name: str) -> bool:
+    return re.search(rf"\b{re.escape(name)}\b", text) is not None
+
+
+def _describe(kernel: Kernel, sym: _Symbols, dialect: CDialect) -> str:
+    """The comment above the function: the calling convention of this kernel."""
+    def shape(a: str) -> str:
+        arr = kernel.array(a)
+        dims = [E.show(E.map_expr(d, lambda x: E.Size(sym.sizes[x.name])
+                                  if isinstance(x, E.Size) else None)) for d in arr.shape]
+        return arr.dtype + "".join(f"[{d}]" for d in dims)
+
+    lines = [f"Generated by polyc from kernel {kernel.name!r}.", "",
+             f"{_declaration(kernel, sym, dialect)}", ""]
+    if kernel.sizes:
+        lines.append(f"  sizes (int64): {', '.join(sym.sizes[s] for s in kernel.sizes)}")
+    for role, names in (("input ", kernel.inputs), ("output", kernel.outputs)):
+        lines += [f"  {role} {sym.arrays[a]}: {shape(a)}" for a in names]
+    lines += [f"  temporary {sym.arrays[a.name]}: {shape(a.name)}" for a in kernel.temporaries]
+    if kernel.fixed_sizes:
+        lines.append("  specialised for " + ", ".join(
+            f"{sym.sizes[s]} = {v}" for s, v in kernel.fixed_sizes))
+    lines += ["", "Arrays are dense and row-major (C order); outputs are updated in place.",
+              "Returns 0 on success, 1 when the sizes violate",
+              f"  {kernel.context}", "2 when temporary storage cannot be allocated."]
+    body = "\n".join((" * " + ln).rstrip() for ln in lines).replace("*/", "* /")
+    return f"/*\n{body}\n */"

@@ -1,0 +1,204 @@
+"""Call compiled kernels with numpy arrays.
+
+:class:`CompiledFunction` loads the shared library (once per path, through ctypes) and
+checks every argument before a pointer reaches C: the number of inputs, each input's
+dtype (never silently cast) and rank, the sizes its shape implies, and that every extent
+is at least 1. Inputs are made C-contiguous and aligned (a copy only when needed);
+outputs are allocated with ``np.zeros``, so a ``+=`` statement with no initialisation
+accumulates into zeros.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from polyc import expr as E
+from polyc.errors import CallError
+from polyc.ir import Array, Kernel
+
+from .c_family import CSource
+
+#: numpy dtype of each polyc dtype (numpy's bool is one byte holding 0 or 1, like C's bool)
+NUMPY_DTYPES = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
+                "int32": np.dtype(np.int32), "int64": np.dtype(np.int64),
+                "bool": np.dtype(np.bool_)}
+
+_LIBRARIES: dict[str, ctypes.CDLL] = {}
+_LOCK = threading.Lock()
+
+
+def load_library(path: str) -> ctypes.CDLL:
+    """The loaded shared library at ``path`` (loaded once per process)."""
+    with _LOCK:
+        if path not in _LIBRARIES:
+            _LIBRARIES[path] = ctypes.CDLL(path)
+        return _LIBRARIES[path]
+
+
+def check_inputs(kernel: Kernel, inputs: Sequence[Any]) -> list[np.ndarray]:
+    """The inputs as numpy arrays after checking their count, dtype and rank.
+
+    A rank-0 input may be a Python scalar; it is converted to the declared dtype when
+    that loses nothing (an ``int`` for a float array, never a ``float`` for an int array).
+    """
+    if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
+        raise CallError(f"{kernel.name}: inputs must be a sequence of arrays, got "
+                        f"{type(inputs).__name__}")
+    if len(inputs) != len(kernel.inputs):
+        raise CallError(f"{kernel.name} takes {len(kernel.inputs)} inputs "
+                        f"({', '.join(kernel.inputs)}), got {len(inputs)}")
+    return [_check_input(kernel.array(name), i, x)
+            for i, (name, x) in enumerate(zip(kernel.inputs, inputs))]
+
+
+def _check_input(arr: Array, position: int, x: Any) -> np.ndarray:
+    where = f"input {arr.name!r} (argument {position})"
+    want = NUMPY_DTYPES[arr.dtype]
+    if arr.rank == 0 and isinstance(x, (bool, int, float)) and _scalar_fits(x, arr.dtype):
+        return np.asarray(x, dtype=want)
+    if isinstance(x, np.generic):
+        x = np.asarray(x)
+    if not isinstance(x, np.ndarray):
+        raise CallError(f"{where}: expected a numpy array of {arr.dtype}, "
+                        f"got {type(x).__name__}")
+    if x.dtype != want:
+        raise CallError(f"{where}: expected dtype {arr.dtype}, got {x.dtype} "
+                        f"(convert it with .astype(np.{arr.dtype}))")
+    if x.ndim != arr.rank:
+        raise CallError(f"{where}: expected rank {arr.rank}, got shape {x.shape}")
+    return x
+
+
+def _scalar_fits(x: bool | float, dtype: str) -> bool:
+    if isinstance(x, bool):
+        return dtype == "bool"
+    if isinstance(x, int):
+        return dtype != "bool"
+    return dtype in E.FLOAT_DTYPES
+
+
+def bind_sizes(kernel: Kernel, inputs: Sequence[Any],
+               sizes: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The value of every size, from the input shapes (plus ``sizes`` given explicitly).
+
+    An input dimension whose extent is a plain size binds it; every other extent (a
+    constant, ``H - KH + 1``) is checked once all sizes are known.
+    """
+    bound: dict[str, int] = {}
+    origin: dict[str, str] = {}
+    for name, x in zip(kernel.inputs, inputs):
+        arr, shape = kernel.array(name), np.shape(x)
+        if len(shape) != arr.rank:
+            raise CallError(f"input {name!r}: expected rank {arr.rank}, got shape {shape}")
+        for d, (extent, n) in enumerate(zip(arr.shape, shape)):
+            if isinstance(extent, E.Size):
+                _bind(bound, origin, extent.name, int(n), f"dimension {d} of {name!r}")
+    for s, v in (sizes or {}).items():
+        if s not in kernel.sizes:
+            raise CallError(f"{kernel.name} has no size {s!r} (sizes: {', '.join(kernel.sizes)})")
+        _bind(bound, origin, s, int(v), "the sizes argument")
+    missing = [s for s in kernel.sizes if s not in bound]
+    if missing:
+        raise CallError(f"{kernel.name}: cannot infer size(s) {', '.join(missing)} from the "
+                        "input shapes (no input dimension has exactly that extent); pass "
+                        f"them as sizes={{{', '.join(repr(s) + ': ...' for s in missing)}}}")
+    for name, x in zip(kernel.inputs, inputs):
+        for d, (extent, n) in enumerate(zip(kernel.array(name).shape, np.shape(x))):
+            if not isinstance(extent, E.Size) and E.evaluate(extent, bound) != n:
+                raise CallError(f"input {name!r}: dimension {d} must be {E.show(extent)} = "
+                                f"{E.evaluate(extent, bound)} with {_show(bound)}, got {n}")
+    return {s: bound[s] for s in kernel.sizes}
+
+
+def _bind(bound: dict[str, int], origin: dict[str, str], size: str, value: int,
+          where: str) -> None:
+    if size in bound and bound[size] != value:
+        raise CallError(f"size {size} is {bound[size]} from {origin[size]} but {value} "
+                        f"from {where}")
+    bound.setdefault(size, value)
+    origin.setdefault(size, where)
+
+
+def _show(sizes: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items())
+
+
+def output_shapes(kernel: Kernel, sizes: Mapping[str, int]) -> list[tuple[int, ...]]:
+    """The shape of each output for the given sizes."""
+    env = dict(sizes)
+    return [tuple(E.evaluate(d, env) for d in kernel.array(name).shape)
+            for name in kernel.outputs]
+
+
+def check_extents(kernel: Kernel, sizes: Mapping[str, int]) -> None:
+    """Every extent of every array is at least 1, and fixed sizes have their value."""
+    fixed = dict(kernel.fixed_sizes)
+    wrong = {s: v for s, v in sizes.items() if s in fixed and fixed[s] != v}
+    if wrong:
+        raise CallError(f"{kernel.name} was compiled for {_show(fixed)}, called with "
+                        f"{_show(sizes)}")
+    for arr in kernel.arrays:
+        for d, extent in enumerate(arr.shape):
+            if E.evaluate(extent, dict(sizes)) < 1:
+                raise CallError(f"array {arr.name!r}: dimension {d} ({E.show(extent)}) is "
+                                f"{E.evaluate(extent, dict(sizes))} with {_show(sizes)}; "
+                                "every extent must be at least 1")
+
+
+class CompiledFunction:
+    """A compiled kernel: ``f(inputs, sizes=None, outputs=None) -> tuple of outputs``."""
+
+    def __init__(self, kernel: Kernel, path: str, function_name: str,
+                 source: CSource | None = None) -> None:
+        self.kernel, self.path, self.source = kernel, path, source
+        self.function_name = function_name
+        fn = getattr(load_library(path), function_name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = ([ctypes.c_int64] * len(kernel.sizes)
+                       + [ctypes.c_void_p] * (len(kernel.inputs) + len(kernel.outputs)))
+        self._fn = fn
+
+    def __call__(self, inputs: Sequence[Any], sizes: Mapping[str, int] | None = None,
+                 outputs: Sequence[np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
+        """Run the kernel. ``outputs``, when given, are updated in place (not zeroed)."""
+        kernel = self.kernel
+        arrays = check_inputs(kernel, inputs)
+        values = bind_sizes(kernel, arrays, sizes)
+        check_extents(kernel, values)
+        arrays = [np.require(x, requirements=("C_CONTIGUOUS", "ALIGNED")) for x in arrays]
+        outs = self._outputs(values, outputs, arrays)
+        args = [values[s] for s in kernel.sizes] + [a.ctypes.data for a in arrays + outs]
+        status = self._fn(*args)
+        if status == 1:
+            raise CallError(f"{kernel.name}: sizes {_show(values)} do not satisfy the "
+                            f"kernel's constraints {kernel.context}")
+        if status == 2:
+            raise MemoryError(f"{kernel.name}: cannot allocate its temporary arrays")
+        if status != 0:
+            raise CallError(f"{kernel.name} returned the unknown status {status}")
+        return tuple(outs)
+
+    def _outputs(self, sizes: Mapping[str, int], given: Sequence[np.ndarray] | None,
+                 inputs: list[np.ndarray]) -> list[np.ndarray]:
+        kernel = self.kernel
+        shapes = output_shapes(kernel, sizes)
+        dtypes = [NUMPY_DTYPES[kernel.array(o).dtype] for o in kernel.outputs]
+        if given is None:
+            return [np.zeros(s, dtype=t) for s, t in zip(shapes, dtypes)]
+        if len(given) != len(kernel.outputs):
+            raise CallError(f"{kernel.name} has {len(kernel.outputs)} outputs, got {len(given)}")
+        for i, (name, y, shape, dtype) in enumerate(zip(kernel.outputs, given, shapes, dtypes)):
+            where = f"output {name!r}"
+            if not isinstance(y, np.ndarray) or y.dtype != dtype or y.shape != shape:
+                got = f"{y.dtype}{list(y.shape)}" if isinstance(y, np.ndarray) else type(y).__name__
+                raise CallError(f"{where}: expected a {dtype}{list(shape)} array, got {got}")
+            if not (y.flags.c_contiguous and y.flags.aligned and y.flags.writeable):
+                raise CallError(f"{where}: must be C-contiguous, aligned and writeable")
+            others = inputs + [g for j, g in enumerate(given) if j != i]
+            if any(np.may_share_memory(y, x) for x in others):
+                raise CallError(f"{where} may overlap another argument; outputs must not alias")
+        return list(given)

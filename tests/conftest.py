@@ -1,0 +1,38 @@
+"""Shared test set-up: a compile cache for the session, POLYC_CHECK on, and the
+differential helper ``assert_matches_numpy``."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("POLYC_CHECK", "1")
+os.environ.setdefault("POLYC_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), ".polyc_cache"))
+
+
+def random_inputs(shapes_dtypes, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for shape, dtype in shapes_dtypes:
+        if np.dtype(dtype).kind == "f":
+            out.append(rng.standard_normal(shape).astype(dtype))
+        else:
+            out.append(rng.integers(-5, 6, size=shape).astype(dtype))
+    return out
+
+
+def assert_matches_numpy(got, want, rtol=1e-4, atol=1e-4):
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        w = np.asarray(w)
+        assert g.shape == w.shape, (g.shape, w.shape)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+@pytest.fixture
+def tmp_cache(tmp_path):
+    return str(tmp_path / "cache")
