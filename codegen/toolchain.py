@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import subprocess
 import tempfile
 
@@ -52,8 +53,20 @@ def compiler_version(cc: str) -> str:
     return done.stdout.strip()
 
 
+@functools.cache
+def host_cpu() -> str:
+    """The CPU model and feature flags: ``-march=native`` builds differ between CPUs."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
 def cache_key(text: str, options: Options) -> str:
-    payload = [text, compiler_flags(options), list(LIBS), compiler_version(options.cc)]
+    payload = [text, compiler_flags(options), list(LIBS), compiler_version(options.cc),
+               host_cpu()]
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
 

@@ -23,18 +23,11 @@ DTYPE_OF = {"float": "float32", "float32": "float32", "double": "float64",
             "float64": "float64", "int32": "int32", "int64": "int64", "bool": "bool"}
 
 #: built-ins of TC (CUDA math names); those missing from E.BUILTINS are unsupported
-TC_BUILTINS = frozenset("""acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh
-    cospi cyl_bessel_i0 cyl_bessel_i1 erf erfc erfcinv erfcx erfinv exp exp10 exp2 expm1 fabs
-    fdim fdivide floor fma fmax fmin fmod hypot j0 j1 lgamma log log10 log1p log2 logb
-    nextafter norm3d norm4d normcdf normcdfinv pow rcbrt remainder rhypot rnorm3d rnorm4d
-    round rsqrt sin sinh sinpi sqrt tan tanh tgamma trunc y0 y1 min max""".split())
+TC_BUILTINS = frozenset(["acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "ceil", "copysign", "cos", "cosh", "cospi", "cyl_bessel_i0", "cyl_bessel_i1", "erf", "erfc", "erfcinv", "erfcx", "erfinv", "exp", "exp10", "exp2", "expm1", "fabs", "fdim", "fdivide", "floor", "fma", "fmax", "fmin", "fmod", "hypot", "j0", "j1", "lgamma", "log", "log10", "log1p", "log2", "logb", "nextafter", "norm3d", "norm4d", "normcdf", "normcdfinv", "pow", "rcbrt", "remainder", "rhypot", "rnorm3d", "rnorm4d", "round", "rsqrt", "sin", "sinh", "sinpi", "sqrt", "tan", "tanh", "tgamma", "trunc", "y0", "y1", "min", "max"])
 
 
 #: names isl cannot parse as variables, and C keywords (names become C identifiers)
-RESERVED = frozenset("""and or not mod floor ceil exists min max infty NaN true false rat
-    implies xor auto break case char const continue default do else enum extern for goto if
-    inline int long register restrict return short signed sizeof static struct switch
-    typedef union unsigned void volatile while""".split())
+RESERVED = frozenset(["and", "or", "not", "mod", "floor", "ceil", "exists", "min", "max", "infty", "NaN", "true", "false", "rat", "implies", "xor", "auto", "break", "case", "char", "const", "continue", "default", "do", "else", "enum", "extern", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void", "volatile", "while"])
 
 
 def err(cls, message: str, span: P.Span):

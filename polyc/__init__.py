@@ -9,9 +9,18 @@
     D = polyc.einsum("bij,bjk->bik", X, Y)
 """
 from .api import Operator, define, einsum
-from .errors import (CallError, CompileError, InternalError, ParseError, PolycError,
-                     RangeInferenceError, ScheduleError, SemanticError, ToolchainError,
-                     UnsupportedError)
+from .errors import (
+                     CallError,
+                     CompileError,
+                     InternalError,
+                     ParseError,
+                     PolycError,
+                     RangeInferenceError,
+                     ScheduleError,
+                     SemanticError,
+                     ToolchainError,
+                     UnsupportedError,
+)
 from .options import Options
 
 __all__ = ["CallError", "CompileError", "InternalError", "Operator", "Options", "ParseError",

@@ -71,3 +71,7 @@ class ToolchainError(PolycError):
 
 class InternalError(PolycError):
     """A bug in polyc. Please report it with the input that caused it."""
+
+
+class PolycWarning(UserWarning):
+    """Something was compiled, but not as well as asked (e.g. an optimisation was dropped)."""

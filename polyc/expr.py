@@ -12,8 +12,9 @@ of :data:`DTYPES`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, Union
+from typing import Union
 
 DTYPES = ("float32", "float64", "int32", "int64", "bool")
 FLOAT_DTYPES = ("float32", "float64")
@@ -55,39 +56,39 @@ class Size:
 class Read:
     """``array(indices...)``; a rank-0 array has no indices."""
     array: str
-    indices: tuple["Expr", ...]
+    indices: tuple[Expr, ...]
 
 
 @dataclass(frozen=True)
 class Unary:
     op: str  # "-", "!"
-    x: "Expr"
+    x: Expr
 
 
 @dataclass(frozen=True)
 class Binary:
     op: str  # one of BINARY_OPS; "//" is floor division (affine contexts only)
-    a: "Expr"
-    b: "Expr"
+    a: Expr
+    b: Expr
 
 
 @dataclass(frozen=True)
 class Select:
-    cond: "Expr"
-    a: "Expr"
-    b: "Expr"
+    cond: Expr
+    a: Expr
+    b: Expr
 
 
 @dataclass(frozen=True)
 class Call:
     fn: str  # a key of BUILTINS
-    args: tuple["Expr", ...]
+    args: tuple[Expr, ...]
 
 
 @dataclass(frozen=True)
 class Cast:
     dtype: str
-    x: "Expr"
+    x: Expr
 
 
 Expr = Union[Const, Index, Size, Read, Unary, Binary, Select, Call, Cast]

@@ -14,15 +14,17 @@ With ``Options.dump_dir`` (``POLYC_DUMP=dir``) every stage writes ``NN-stage.txt
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import islpy as isl
 
 from . import check
 from .codegen import CompiledFunction, CSource, bind_sizes, build_shared, generate_c
 from .deps import Dependences, compute_dependences
-from .errors import CompileError, InternalError, ScheduleError
+from .errors import CompileError, InternalError, PolycWarning, ScheduleError
 from .ir import Kernel
 from .options import Options
 from .printer import show_kernel
@@ -103,10 +105,22 @@ def schedule_kernel(kernel: Kernel, options: Options) -> Scheduled:
     deps = stage("deps", compute_dependences(kernel), Dependences.dump)
     if options.schedule is not None:
         sched = stage("schedule", user_schedule(kernel, options.schedule))
-    else:
-        sched = stage("schedule", compute_schedule(kernel, deps, options))
-        sched = stage("optimize", optimize(sched, kernel, options))
-    check.check_schedule(kernel, deps, sched)
+        check.check_schedule(kernel, deps, sched)
+        return Scheduled(kernel, deps, sched)
+    plain = stage("schedule", compute_schedule(kernel, deps, options))
+    sched = stage("optimize", optimize(plain, kernel, options))
+    try:
+        check.check_schedule(kernel, deps, sched)
+    except ScheduleError as e:
+        # a bug in our band edits: keep the user's code correct, say so loudly
+        warnings.warn(PolycWarning(f"{kernel.name}: the optimized schedule was refused ({e}); "
+                                   "falling back to isl's schedule. Please report this."),
+                      stacklevel=3)
+        sched = plain
+        try:
+            check.check_schedule(kernel, deps, sched)
+        except ScheduleError as e2:
+            raise InternalError(f"{kernel.name}: isl's schedule is illegal: {e2}") from e2
     return Scheduled(kernel, deps, sched)
 
 

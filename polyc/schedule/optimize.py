@@ -10,7 +10,8 @@ One top-down walk over the schedule tree. At each band:
 3. **parallel**: the outermost coincident member on the path becomes ``omp parallel
    for`` (a ``"parallel"`` mark above a band that starts with it);
 4. **simd**: in a band with no band below it, a coincident last member with a positive
-   stride-1 score is split off and marked ``"simd"``.
+   stride-1 score is split off and marked ``"simd"`` (a one-loop band may carry both
+   marks: ``omp parallel for simd``).
 
 Marks only carry decisions to code generation; :func:`polyc.check.check_schedule`
 verifies every one of them against the dependences.
@@ -62,7 +63,7 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
         if tile and sizes is not None:
             node = tiling.tile_band(node, sizes)
             did_tile = True
-    if not parallel_done and tiling.coincident_flags(node)[0] and not _is_vector_only(node, vec):
+    if not parallel_done and tiling.coincident_flags(node)[0]:
         node = node.insert_mark(isl.Id(PARALLEL)).child(0)
         marks_above += 1
         parallel_done = True
@@ -109,11 +110,6 @@ def _vector_member(node: isl.ScheduleNode, kernel: Kernel) -> int | None:
             if score > 0 and score >= best_score:
                 best, best_score = i, score
     return best
-
-
-def _is_vector_only(node: isl.ScheduleNode, vec: int | None) -> bool:
-    """A one-member band that is the vector loop: leave it to SIMD, not threads."""
-    return vec is not None and node.band_n_member() == 1
 
 
 def _member_order(node: isl.ScheduleNode, vec: int | None) -> list[int]:

@@ -24,7 +24,7 @@ The result, for two runs::
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import islpy as isl
 
