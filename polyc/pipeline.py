@@ -97,9 +97,9 @@ class _Stages:
         return value
 
 
-def schedule_kernel(kernel: Kernel, options: Options) -> Scheduled:
+def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = None) -> Scheduled:
     """Stages check .. legality."""
-    stage = _Stages(options, kernel.name)
+    stage = stage or _Stages(options, kernel.name)
     kernel = stage("ir", kernel, show_kernel)
     check.check_accesses_in_bounds(kernel)
     deps = stage("deps", compute_dependences(kernel), Dependences.dump)
@@ -127,7 +127,7 @@ def schedule_kernel(kernel: Kernel, options: Options) -> Scheduled:
 def compile_kernel(kernel: Kernel, options: Options, *, build: bool = True) -> Compiled:
     """Every stage; ``build=False`` stops after printing C."""
     stage = _Stages(options, kernel.name)
-    scheduled = schedule_kernel(kernel, options)
+    scheduled = schedule_kernel(kernel, options, stage)
     source = stage("c", generate_c(scheduled.kernel, scheduled.schedule, options),
                    lambda c: c.text)
     if not build:
