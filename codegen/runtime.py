@@ -77,6 +77,9 @@ def _scalar_fits(x: bool | float, dtype: str) -> bool:
     if isinstance(x, bool):
         return dtype == "bool"
     if isinstance(x, int):
+        if dtype in ("int32", "int64"):
+            info = np.iinfo(NUMPY_DTYPES[dtype])
+            return info.min <= x <= info.max
         return dtype != "bool"
     return dtype in E.FLOAT_DTYPES
 

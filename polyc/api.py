@@ -52,9 +52,12 @@ class Operator:
             self._last = found
             return found
 
-    def __call__(self, *inputs: Any) -> Any:
-        sizes = pipeline.bind_sizes(self.kernel, inputs)
-        outs = self.compiled_for(sizes).run(inputs, sizes)
+    def __call__(self, *inputs: Any, sizes: dict[str, int] | None = None) -> Any:
+        """Run on ``inputs`` (numpy arrays, in signature order). ``sizes`` gives sizes that
+        no input dimension determines (e.g. a ``where i in 0:M`` range)."""
+        arrays = pipeline.check_inputs(self.kernel, inputs)
+        bound = pipeline.bind_sizes(self.kernel, arrays, sizes)
+        outs = self.compiled_for(bound).run(arrays, bound)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _shown(self) -> pipeline.Compiled:

@@ -55,8 +55,9 @@ def _sizes(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for item in filter(None, text.split(",")):
         name, _, value = item.partition("=")
-        if not value.strip().isdigit():
-            raise SystemExit(f"polyc: error: --sizes expects NAME=INT, got {item!r}")
+        if not value.strip().isdigit() or not 1 <= int(value) < 2**63:  # sizes are int64_t
+            raise SystemExit(f"polyc: error: --sizes expects NAME=INT with INT >= 1, "
+                             f"got {item!r}")
         out[name.strip()] = int(value)
     return out
 
@@ -72,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{args.file}:" if getattr(e, "line", None) else f"{args.file}: "
         print(f"polyc: error: {where}{e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `polyc ... --emit c | head`
+        sys.stderr.close()
+        return 0
     except OSError as e:
         print(f"polyc: error: {e}", file=sys.stderr)
         return 1

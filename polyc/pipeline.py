@@ -23,6 +23,7 @@ import islpy as isl
 
 from . import check
 from .codegen import CompiledFunction, CSource, bind_sizes, build_shared, generate_c
+from .codegen.runtime import check_inputs
 from .deps import Dependences, compute_dependences
 from .errors import CompileError, InternalError, PolycWarning, ScheduleError
 from .ir import Kernel
@@ -33,7 +34,7 @@ from .schedule.scheduler import compute_schedule
 
 T = TypeVar("T")
 
-__all__ = ["Compiled", "Scheduled", "bind_sizes", "compile_kernel", "schedule_kernel"]
+__all__ = ["Compiled", "Scheduled", "bind_sizes", "check_inputs", "compile_kernel", "schedule_kernel"]
 
 
 @dataclass(frozen=True, eq=False)
