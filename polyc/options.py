@@ -4,7 +4,6 @@ This is the only module that reads ``POLYC_*`` environment variables:
 
 * ``POLYC_CACHE_DIR``: where compiled libraries are cached (default ``~/.cache/polyc``).
 * ``POLYC_DUMP``: a directory; each pipeline stage writes ``NN-stage.txt`` there.
-* ``POLYC_CHECK``: ``1`` runs the IR and schedule checks after every stage.
 * ``POLYC_CC``: the C compiler (default ``gcc``).
 """
 from __future__ import annotations
@@ -52,8 +51,6 @@ class Options:
         "POLYC_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "polyc")))
     dump_dir: str | None = dataclasses.field(
         default_factory=lambda: os.environ.get("POLYC_DUMP") or None)
-    check: bool = dataclasses.field(
-        default_factory=lambda: os.environ.get("POLYC_CHECK", "0") not in ("", "0"))
 
     def __post_init__(self) -> None:
         from .errors import CompileError

@@ -1,4 +1,4 @@
-"""Shared test set-up: a compile cache for the session, POLYC_CHECK on, and the
+"""Shared test set-up: a compile cache for the session, and the
 differential helper ``assert_matches_numpy``."""
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import numpy as np
 import pytest
 
-os.environ.setdefault("POLYC_CHECK", "1")
 os.environ.setdefault("POLYC_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), ".polyc_cache"))
 
