@@ -1,0 +1,186 @@
+"""The ONNX graph as polyc sees it, and the contract of op lowerings.
+
+:class:`Graph` is a frozen, static-shaped copy of an ONNX graph (after onnx's shape
+inference): nodes in topological order, every tensor's dtype and shape, constant
+values. Graph passes (``onnx_passes``) map Graph -> Graph.
+
+An op lowering is a function registered with :func:`register` for one or more ONNX
+op types::
+
+    @register("Relu")
+    def relu(node: Node, ctx: LowerContext) -> Lowered:
+        y, x = ctx.name(node.outputs[0]), ctx.name(node.inputs[0])
+        idx = ctx.indices(ctx.rank(node.outputs[0]))
+        return Lowered([f"{y}({idx}) = fmax({x}({idx}), 0.0)"])
+
+It returns TC-language statements (see shared TC_LANGUAGE.md) that compute the node's
+outputs from its inputs, using the TC names given by ``ctx.name``; or, for ops that only
+re-view their input (Reshape, Squeeze...), a :class:`View`. The statements of the nodes
+of one fusion group are joined into one ``def`` whose inputs, outputs and temporaries
+follow from use, and that def goes through the same TC frontend, dependence analysis,
+scheduler and code generator as every operator.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from polyc.errors import CompileError
+
+
+class UnsupportedOpError(CompileError):
+    """An ONNX node polyc cannot lower: names the node, its op type and what is supported."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  # polyc dtype
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    name: str  # never empty: the importer names anonymous nodes "<op_type>_<index>"
+    op_type: str
+    inputs: tuple[str, ...]  # "" for an omitted optional input
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)  # ints, floats, str, lists, ndarrays
+    domain: str = ""
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    name: str
+    nodes: tuple[Node, ...]
+    inputs: tuple[str, ...]  # graph inputs that are not initializers
+    outputs: tuple[str, ...]
+    tensors: Mapping[str, TensorInfo]  # every tensor: inputs, outputs, intermediates, constants
+    constants: Mapping[str, np.ndarray]  # initializers and folded constants
+    opset: int = 17
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """TC statements computing a node's outputs (names from ``LowerContext.name``)."""
+    statements: tuple[str, ...] | list[str]
+
+
+@dataclass(frozen=True)
+class View:
+    """The output is the input with another shape (same row-major elements, no code)."""
+    output: str
+    input: str
+
+
+LowerFn = Callable[[Node, "LowerContext"], "Lowered | View"]
+REGISTRY: dict[str, LowerFn] = {}
+
+
+def register(*op_types: str) -> Callable[[LowerFn], LowerFn]:
+    def deco(fn: LowerFn) -> LowerFn:
+        for op in op_types:
+            REGISTRY[op] = fn
+        return fn
+    return deco
+
+
+def supported_ops() -> list[str]:
+    return sorted(REGISTRY)
+
+
+_TC_DTYPE = {"float32": "float", "float64": "double", "int32": "int32", "int64": "int64",
+             "bool": "bool"}
+
+
+class LowerContext:
+    """What a lowering may ask about the graph, and fresh TC names.
+
+    One context serves one fusion group; names it hands out are unique in the group's def.
+    """
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self._names: dict[str, str] = {}
+        self._used: set[str] = set()
+        self._counter = 0
+
+    # -- tensors -------------------------------------------------------------------------
+    def info(self, tensor: str) -> TensorInfo:
+        return self.graph.tensors[tensor]
+
+    def shape(self, tensor: str) -> tuple[int, ...]:
+        return self.graph.tensors[tensor].shape
+
+    def rank(self, tensor: str) -> int:
+        return len(self.graph.tensors[tensor].shape)
+
+    def dtype(self, tensor: str) -> str:
+        return self.graph.tensors[tensor].dtype
+
+    def tc_type(self, tensor: str) -> str:
+        """``float(1,3,224,224)`` for a declaration."""
+        info = self.info(tensor)
+        dims = ",".join(str(d) for d in info.shape)
+        return f"{_TC_DTYPE[info.dtype]}({dims})" if dims else _TC_DTYPE[info.dtype]
+
+    def const(self, tensor: str) -> np.ndarray | None:
+        """The value of a constant tensor (initializer or folded), else None."""
+        if not tensor:
+            return None
+        return self.graph.constants.get(tensor)
+
+    def name(self, tensor: str) -> str:
+        """The TC identifier of a graph tensor (stable within this context)."""
+        if tensor not in self._names:
+            base = "t_" + re.sub(r"\W", "_", tensor)
+            self._names[tensor] = self._fresh(base)
+        return self._names[tensor]
+
+    def tensor_of(self, tc_name: str) -> str | None:
+        for t, n in self._names.items():
+            if n == tc_name:
+                return t
+        return None
+
+    def named_tensors(self) -> dict[str, str]:
+        return dict(self._names)
+
+    # -- fresh names ---------------------------------------------------------------------
+    def temp(self, hint: str = "tmp") -> str:
+        """A fresh name for a temporary tensor of a lowering."""
+        return self._fresh("v_" + re.sub(r"\W", "_", hint))
+
+    def indices(self, rank: int, prefix: str = "i") -> str:
+        """``"i0, i1, i2"``: index names for a rank (comma-joined, as TC writes them)."""
+        return ", ".join(f"{prefix}{d}" for d in range(rank))
+
+    def _fresh(self, base: str) -> str:
+        name, n = base, 0
+        while name in self._used:
+            n += 1
+            name = f"{base}_{n}"
+        self._used.add(name)
+        return name
+
+
+def literal(value: float | int | bool, dtype: str) -> str:
+    """A TC literal of ``value`` in ``dtype`` (``1.0``, ``-inf`` as ``(-1.0/0.0)``...)."""
+    if dtype == "bool":
+        return "1" if value else "0"
+    if dtype in ("int32", "int64"):
+        return str(int(value))
+    v = float(value)
+    if np.isnan(v):
+        return "(0.0/0.0)"
+    if np.isinf(v):
+        return "(1.0/0.0)" if v > 0 else "(-1.0/0.0)"
+    text = repr(v)
+    return text if ("e" in text or "." in text) else text + ".0"

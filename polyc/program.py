@@ -1,0 +1,78 @@
+"""A whole model as a program: buffers, weights and a sequence of kernel calls.
+
+Frontends that read graphs (ONNX) produce a :class:`Program`; code generation turns it
+into one C library (``init`` / ``run`` / ``free``) whose ``run`` calls one generated
+kernel function per :class:`Step`, in order, with the step's buffers as arguments.
+
+* **buffer**: a tensor of the model with a static shape. Its ``kind`` says where its
+  storage comes from: ``"input"`` / ``"output"`` (the caller's pointers), ``"weight"``
+  (the weights file loaded by ``init``) or ``"temp"`` (the run's arena).
+* **step**: one kernel (every size constant) applied to buffers; ``args`` names the
+  buffer of each of ``kernel.inputs + kernel.outputs``, in that order.
+* **alias**: ``(view, base)``: ``view`` is ``base`` with another shape (a Reshape,
+  Flatten, Squeeze, Unsqueeze, Identity...): same elements, same storage, no code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ir import Kernel
+
+BUFFER_KINDS = ("input", "output", "weight", "temp")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str  # the model's own name (code generation sanitises it)
+    dtype: str  # a polyc dtype: float32, float64, int32, int64, bool
+    shape: tuple[int, ...]
+    kind: str = "temp"
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    kernel: Kernel
+    args: tuple[str, ...]
+    #: the model nodes lowered into this step (names), for messages and progress
+    origin: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    name: str
+    buffers: tuple[Buffer, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    weights: tuple[tuple[str, np.ndarray], ...]
+    steps: tuple[Step, ...]
+    aliases: tuple[tuple[str, str], ...] = ()
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def weight(self, name: str) -> np.ndarray:
+        for n, v in self.weights:
+            if n == name:
+                return v
+        raise KeyError(name)
+
+    def root(self, name: str) -> str:
+        """The buffer whose storage ``name`` uses (following aliases)."""
+        bases = dict(self.aliases)
+        seen = set()
+        while name in bases and name not in seen:
+            seen.add(name)
+            name = bases[name]
+        return name
