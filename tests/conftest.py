@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 
+import sys
+
 import numpy as np
 import pytest
 
+# the model builders live in examples/ (the README's example and the benchmarks use them)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples"))
 os.environ.setdefault("POLYC_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), ".polyc_cache"))
 

@@ -1,0 +1,55 @@
+"""onnx's own node conformance cases, run through ``polyc.backend``.
+
+The onnx wheel ships no node test data; ``collect_testcases()`` builds the cases (model,
+inputs, expected outputs, tolerances) in Python. A case whose ops polyc does not lower
+is skipped; a case polyc refuses with ``UnsupportedOpError`` (an attribute, a dtype) is
+skipped with that message; everything else must match. The summary line of pytest gives
+the counts (``-rs`` lists the reasons).
+
+Kernels are compiled with ``-O1`` here: the semantics are the same as ``-O3`` and the
+suite compiles about a thousand small models.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import numpy_helper
+from onnx.backend.test.case.node import collect_testcases
+
+import polyc
+from polyc.frontend.onnx_graph import UnsupportedOpError, supported_ops
+
+CASES = [c for c in collect_testcases() if c.kind == "node"]
+OPTIONS = polyc.Options(cflags=("-O1",))
+
+
+def _ops(case) -> set[str]:
+    return {n.op_type for n in case.model.graph.node}
+
+
+def _array(x):
+    return numpy_helper.to_array(x) if not isinstance(x, np.ndarray) else x
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_node_case(case):
+    from polyc import backend
+
+    missing = _ops(case) - set(supported_ops())
+    if missing:
+        pytest.skip(f"op not supported: {', '.join(sorted(missing))}")
+    try:
+        rep = backend.prepare(case.model, "CPU", options=OPTIONS)
+    except UnsupportedOpError as e:
+        pytest.skip(f"refused: {str(e).splitlines()[0][:160]}")
+    for inputs, outputs in case.data_sets:
+        got = rep.run([_array(x) for x in inputs])
+        assert len(got) >= len(outputs)
+        for g, w in zip(got, outputs):
+            w = _array(w)
+            g = np.asarray(g)
+            assert g.shape == w.shape, (g.shape, w.shape)
+            if w.dtype.kind in "fc":
+                np.testing.assert_allclose(g, w, rtol=case.rtol, atol=case.atol)
+            else:
+                np.testing.assert_array_equal(g, w)
