@@ -8,6 +8,11 @@ The three stages, each usable alone::
     (C,) = fn([A, B])                                  # numpy in, numpy out
 
 :func:`compile_kernel` runs all three.
+
+A whole model (:class:`polyc.program.Program`) becomes one translation unit: ``model.py``
+(kernels as ``static`` functions from :func:`generate_function`, deduplicated; the
+``init``/``run``/``free`` API, printed by ``model_c.py``), ``memplan.py`` (the arena),
+``weights.py`` (the weights file), ``model_runtime.py`` (build, load and call it).
 """
 from __future__ import annotations
 
@@ -17,13 +22,13 @@ from polyc.ir import Kernel
 from polyc.options import Options
 
 from .c_expr import sanitize
-from .c_family import CDialect, CSource, OpenMPDialect, generate_c
+from .c_family import CDialect, CFunction, CSource, OpenMPDialect, generate_c, generate_function
 from .runtime import CompiledFunction, bind_sizes, load_library, output_shapes
 from .toolchain import build_shared
 
-__all__ = ["CDialect", "CSource", "CompiledFunction", "OpenMPDialect", "bind_sizes",
-           "build_shared", "compile_kernel", "generate_c", "load_library", "output_shapes",
-           "sanitize"]
+__all__ = ["CDialect", "CFunction", "CSource", "CompiledFunction", "OpenMPDialect", "bind_sizes",
+           "build_shared", "compile_kernel", "generate_c", "generate_function", "load_library",
+           "output_shapes", "sanitize"]
 
 
 def compile_kernel(kernel: Kernel, schedule: isl.Schedule,

@@ -248,6 +248,10 @@ class BodyPrinter:
     def element(self, array: str, indices: tuple[E.Expr, ...]) -> Piece:
         """``A[i*N + j]``: the row-major element of ``array``."""
         extents = self.shapes[array]
+        # an indirect index (a read of an int32 tensor...) is computed in its own type,
+        # then widened: the element offset is int64 arithmetic
+        indices = tuple(i if E.is_affine(i) or self.dtype(i) == "int64" else E.Cast("int64", i)
+                        for i in indices)
         lin: E.Expr = indices[0] if indices else E.Const(0)
         for idx, ext in zip(indices[1:], extents[1:]):
             lin = E.Binary("+", E.Binary("*", lin, ext), idx)

@@ -90,26 +90,55 @@ class OpenMPDialect(CDialect):
     threads_clause = " num_threads({})"
 
 
-def generate_c(kernel: Kernel, schedule: isl.Schedule, options: Options | None = None,
-               dialect: CDialect | None = None) -> CSource:
-    """C source of ``kernel`` executing its statements in the order of ``schedule``.
+@dataclass(frozen=True)
+class CFunction:
+    """One kernel as a C function definition, without the prelude (so that many kernels
+    can share one translation unit that includes :data:`PRELUDE` once)."""
+    name: str
+    #: the block comment describing the calling convention
+    comment: str
+    #: ``int name(...);``
+    declaration: str
+    #: the definition (comment not included)
+    definition: str
+    arg_names: tuple[str, ...]
+    arg_types: tuple[str, ...]
+    size_names: tuple[tuple[str, str], ...] = field(default=())
+    array_names: tuple[tuple[str, str], ...] = field(default=())
+
+
+def generate_function(kernel: Kernel, schedule: isl.Schedule, options: Options | None = None,
+                      dialect: CDialect | None = None, *, name: str | None = None,
+                      static: bool = False) -> CFunction:
+    """The C function of ``kernel`` executing its statements in the order of ``schedule``.
 
     ``schedule`` is over ``kernel.domain()``; its ``"parallel"``/``"simd"`` marks
-    annotate the outermost loop of the band below them.
+    annotate the outermost loop of the band below them. ``name`` (a C identifier, used
+    as given) replaces the sanitised kernel name; ``static`` gives the function internal
+    linkage. The text needs :data:`PRELUDE` before it.
     """
     options = options or Options()
     dialect = dialect or OpenMPDialect()
-    sym = _Symbols.of(kernel)
+    sym = _Symbols.of(kernel, name)
     body = _Walker(kernel, sym, dialect, options).node(build_ast(kernel, schedule), (), False)
-    fn = _function(kernel, sym, dialect, body)
-    comment = _describe(kernel, sym, dialect)
-    text = f"{comment}\n{PRELUDE}\n\n{fn}\n"
-    header = (f"{comment}\n#include <stdint.h>\n#include <stdbool.h>\n\n"
-              f"{_declaration(kernel, sym, dialect)}\n")
+    storage = "static " if static else ""
+    fn = _function(kernel, sym, dialect, body, storage)
     params = _parameters(kernel, sym, dialect)
-    return CSource(text, header, sym.function, kernel.name,
-                   tuple(p.name for p in params), tuple(p.typename for p in params),
-                   tuple(sym.sizes.items()), tuple(sym.arrays.items()))
+    return CFunction(sym.function, _describe(kernel, sym, dialect),
+                     str(_declaration(kernel, sym, dialect, storage)), str(fn),
+                     tuple(p.name for p in params), tuple(p.typename for p in params),
+                     tuple(sym.sizes.items()), tuple(sym.arrays.items()))
+
+
+def generate_c(kernel: Kernel, schedule: isl.Schedule, options: Options | None = None,
+               dialect: CDialect | None = None) -> CSource:
+    """A whole translation unit (prelude + :func:`generate_function`) and its header."""
+    fn = generate_function(kernel, schedule, options, dialect)
+    text = f"{fn.comment}\n{PRELUDE}\n\n{fn.definition}\n"
+    header = (f"{fn.comment}\n#include <stdint.h>\n#include <stdbool.h>\n\n"
+              f"{fn.declaration}\n")
+    return CSource(text, header, fn.name, kernel.name, fn.arg_names, fn.arg_types,
+                   fn.size_names, fn.array_names)
 
 
 @dataclass
@@ -121,9 +150,13 @@ class _Symbols:
     namer: Namer
 
     @classmethod
-    def of(cls, kernel: Kernel) -> _Symbols:
+    def of(cls, kernel: Kernel, function_name: str | None = None) -> _Symbols:
         namer = Namer()
-        function = namer.fresh(kernel.name)
+        if function_name is None:
+            function = namer.fresh(kernel.name)
+        else:
+            function = function_name
+            namer.taken.add(function)
         sizes = {s: namer.fresh(s) for s in kernel.sizes}
         order = list(kernel.inputs) + list(kernel.outputs) + [a.name for a in kernel.temporaries]
         arrays = {a: namer.fresh(a) for a in order}
@@ -231,14 +264,15 @@ def _parameters(kernel: Kernel, sym: _Symbols, dialect: CDialect) -> list[cgen.V
     return params
 
 
-def _declaration(kernel: Kernel, sym: _Symbols, dialect: CDialect) -> cgen.FunctionDeclaration:
-    ret = f"{dialect.function_qualifier} int".strip()
+def _declaration(kernel: Kernel, sym: _Symbols, dialect: CDialect,
+                 storage: str = "") -> cgen.FunctionDeclaration:
+    ret = " ".join(filter(None, (storage.strip(), dialect.function_qualifier, "int")))
     return cgen.FunctionDeclaration(cgen.Value(ret, sym.function),
                                     _parameters(kernel, sym, dialect))
 
 
 def _function(kernel: Kernel, sym: _Symbols, dialect: CDialect,
-              body: list[cgen.Generable]) -> cgen.FunctionBody:
+              body: list[cgen.Generable], storage: str = "") -> cgen.FunctionBody:
     temps = [(sym.arrays[a.name], CTYPES[a.dtype], a.shape) for a in kernel.temporaries]
     printer = sym.printer(kernel, {})
     inner: list[cgen.Generable] = []
@@ -265,7 +299,8 @@ def _function(kernel: Kernel, sym: _Symbols, dialect: CDialect,
     text = "\n".join(str(g) for g in outer)
     unused = [cgen.Statement(f"(void){p.name}") for p in _parameters(kernel, sym, dialect)
               if not _mentions(text, p.name)]
-    return cgen.FunctionBody(_declaration(kernel, sym, dialect), cgen.Block(unused + outer))
+    return cgen.FunctionBody(_declaration(kernel, sym, dialect, storage),
+                             cgen.Block(unused + outer))
 
 
 def _product(shape: tuple[E.Expr, ...]) -> E.Expr:

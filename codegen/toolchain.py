@@ -70,14 +70,16 @@ def cache_key(text: str, options: Options) -> str:
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
 
-def build_shared(source: CSource | str, options: Options) -> str:
-    """Compile ``source`` (cached) and return the path of the shared library.
+def build_shared(source: CSource | str, options: Options, stem: str | None = None) -> str:
+    """Compile ``source`` (cached) and return the path of the shared library
+    (``<cache>/<stem>-<hash>.so``; ``stem`` defaults to the function's name).
 
     Raises :class:`polyc.errors.ToolchainError` with the command, its stderr and the path
     of the kept source when the compiler fails.
     """
     text = source.text if isinstance(source, CSource) else source
-    stem = source.function_name if isinstance(source, CSource) else "polyc"
+    if stem is None:
+        stem = source.function_name if isinstance(source, CSource) else "polyc"
     os.makedirs(options.cache_dir, exist_ok=True)
     base = os.path.join(options.cache_dir, f"{stem}-{cache_key(text, options)[:32]}")
     library, source_path = base + ".so", base + ".c"
@@ -113,3 +115,8 @@ def _write_atomically(path: str, text: str) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def build_model_library(text: str, name: str, options: Options) -> str:
+    """Compile a model's translation unit (cached like :func:`build_shared`)."""
+    return build_shared(text, options, stem=name)

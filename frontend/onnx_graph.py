@@ -93,6 +93,9 @@ def register(*op_types: str) -> Callable[[LowerFn], LowerFn]:
 
 
 def supported_ops() -> list[str]:
+    """Every op type with a lowering (the op modules are imported first)."""
+    from .onnx_lower import load_lowerings
+    load_lowerings()
     return sorted(REGISTRY)
 
 

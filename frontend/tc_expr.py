@@ -6,7 +6,11 @@ rank-0 read), a size (:class:`polyc.expr.Size`) or else an index of the statemen
 ``NAME(args)`` is a tensor read if ``NAME`` is a tensor, else a built-in call. Index
 expressions of reads must be affine in indices and sizes (``i / 2`` with a positive
 constant divisor is read as floor division); polyc rejects indirect indices
-(``A(B(i))``) where TC only warns.
+(``A(B(i))``) where TC only warns, unless the lowering is asked to accept them
+(``allow_indirect``, used by the ONNX lowerings of Gather and friends): then an index may
+be any integer expression (reads of integer tensors, ``?:``, ``min``/``max``, products of
+indices), and such an index constrains neither range inference nor the bounds checks --
+whoever writes it must keep it inside the tensor (clamp or guard it).
 """
 from __future__ import annotations
 
@@ -65,6 +69,8 @@ class Scope:
     sizes: list[str]
     tensors: dict[str, Any]
     index_spans: dict[str, P.Span] = field(default_factory=dict)
+    #: accept non-affine and indirect (data-dependent) index expressions
+    allow_indirect: bool = False
 
 
 class ExprLowering:
@@ -162,8 +168,16 @@ class ExprLowering:
         return E.Read(name, tuple(self.index(a) for a in args))
 
     def index(self, a: P.Expr) -> E.Expr:
-        """An index expression of a read: affine in indices and sizes, else an error."""
+        """An index expression of a read: affine in indices and sizes, else an error
+        (unless ``allow_indirect``: then any integer expression)."""
         x = E.map_expr(self.value(a), _int_division)
+        if self.scope.allow_indirect and not E.is_affine(x):
+            dtype = E.infer_dtype(x, {n: t.dtype for n, t in self.scope.tensors.items()
+                                      if t.dtype is not None})
+            if dtype not in ("int32", "int64"):
+                raise err(SemanticError, f"index {E.show(x)} has type {dtype}; an index "
+                          f"must be an integer (cast it, e.g. int64(...))", start(a))
+            return x
         inner = [r.array for r in E.walk(x) if isinstance(r, E.Read)]
         if inner:
             raise err(UnsupportedError, f"indirect index {E.show(x)}: it reads tensor "

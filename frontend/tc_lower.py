@@ -60,8 +60,9 @@ def identity(op: str, dtype: str) -> E.Const:
 class DefLowering:
     """Lowers one ``def``: the signature first, then each statement in order."""
 
-    def __init__(self, d: P.Def):
+    def __init__(self, d: P.Def, allow_indirect: bool = False):
         self.d = d
+        self.allow_indirect = allow_indirect
         self.sizes: list[str] = []
         self.tensors: dict[str, Tensor] = {}
         self.statements: list[Statement] = []
@@ -119,7 +120,8 @@ class DefLowering:
 
     def statement(self, stmt: P.Stmt) -> None:
         target = self.check_lhs(stmt)
-        scope = Scope(self.sizes, self.tensors, {i.name: i.span for i in stmt.indices})
+        scope = Scope(self.sizes, self.tensors, {i.name: i.span for i in stmt.indices},
+                      self.allow_indirect)
         low = ExprLowering(scope, stmt.clauses)
         value = low.value(stmt.rhs)
         lhs = [i.name for i in stmt.indices]
@@ -230,8 +232,10 @@ class DefLowering:
         accesses = [(r.indices, self.tensors[r.array].shape) for r in reads]
         if target.shape is not None:
             accesses.insert(0, (tuple(E.Index(i.name) for i in stmt.indices), target.shape))
+        # a non-affine (indirect) index does not constrain the ranges, as in TC
         constraints = [R.Constraint(R.from_expr(i), R.from_expr(d))
-                       for idx, shape in accesses for i, d in zip(idx, shape)]
+                       for idx, shape in accesses for i, d in zip(idx, shape)
+                       if E.is_affine(i)]
         ranges, ambiguous = R.infer_ranges(iters, fixed, constraints, self.le)
         for i in iters:
             if i not in ranges:
@@ -262,7 +266,7 @@ class DefLowering:
         def missing(access) -> list[str]:
             shape = self.tensors[access.array].shape
             conds = [f"0 <= {E.to_isl(i)} < {E.to_isl(d)}"
-                     for i, d in zip(access.indices, shape)]
+                     for i, d in zip(access.indices, shape) if E.is_affine(i)]
             return [c for c in conds if not rect.is_subset(isl.Set(head + c + " }"))]
 
         if missing(write):
@@ -282,8 +286,14 @@ def tc_defs(source: str) -> list[str]:
     return [d.name for d in P.parse_tc(source)]
 
 
-def from_tc(source: str, name: str | None = None) -> Kernel:
-    """Parse ``source`` and lower the ``def`` called ``name`` (optional if there is one)."""
+def from_tc(source: str, name: str | None = None, *, allow_indirect: bool = False) -> Kernel:
+    """Parse ``source`` and lower the ``def`` called ``name`` (optional if there is one).
+
+    ``allow_indirect`` accepts non-affine and data-dependent indices (``X(I(i), j)``,
+    ``X(min(max(I(i), 0), 4), j)``); they constrain neither range inference nor the
+    bounds checks, so the source must keep them inside their tensors. Without it such an
+    index is an :class:`~polyc.errors.UnsupportedError`.
+    """
     defs = P.parse_tc(source)
     seen: dict[str, P.Def] = {}
     for d in defs:
@@ -297,4 +307,4 @@ def from_tc(source: str, name: str | None = None) -> Kernel:
                             f"to pick one")
     if name is not None and name not in seen:
         raise SemanticError(f"no def named {name!r}; the source has: {', '.join(seen)}")
-    return DefLowering(seen[name] if name is not None else defs[0]).kernel()
+    return DefLowering(seen[name] if name is not None else defs[0], allow_indirect).kernel()

@@ -7,6 +7,9 @@
     }''')
     C = matmul(A, B)
     D = polyc.einsum("bij,bjk->bik", X, Y)
+
+    m = polyc.compile_onnx("model.onnx")          # a whole model -> one C library
+    outputs = m.run(None, {"input": x})
 """
 from .api import Operator, define, einsum
 from .errors import (
@@ -21,9 +24,11 @@ from .errors import (
                      ToolchainError,
                      UnsupportedError,
 )
+from .model import CompiledModel, build_model, compile_onnx
 from .options import Options
 
-__all__ = ["CallError", "CompileError", "InternalError", "Operator", "Options", "ParseError",
-           "PolycError", "RangeInferenceError", "ScheduleError", "SemanticError",
-           "ToolchainError", "UnsupportedError", "define", "einsum"]
+__all__ = ["CallError", "CompileError", "CompiledModel", "InternalError", "Operator", "Options",
+           "ParseError", "PolycError", "RangeInferenceError", "ScheduleError", "SemanticError",
+           "ToolchainError", "UnsupportedError", "build_model", "compile_onnx", "define",
+           "einsum"]
 __version__ = "0.1.0"

@@ -4,6 +4,8 @@
     polyc compile examples/matmul.tc --emit c          # print the C
     polyc compile examples/matmul.tc --emit schedule   # print the schedule tree
     polyc compile FILE --name NAME --fusion min --tile 32,64,512 --sizes M=128,N=64
+    polyc compile model.onnx -o build/ --shape input=1,3,224,224
+                               # build/model.so, .h, .c and .weights (the model's weights)
 """
 from __future__ import annotations
 
@@ -22,10 +24,17 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="polyc", description="polyc: a polyhedral compiler for "
                                 "tensor operators (TC language, einsum) to C/OpenMP.")
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compile", help="compile a .tc file into a shared library and a header")
-    c.add_argument("file", help="a TC-language source file")
+    c = sub.add_parser("compile", help="compile a .tc file or an .onnx model into a shared "
+                       "library and a header")
+    c.add_argument("file", help="a TC-language source file, or an ONNX model (.onnx)")
     c.add_argument("-o", "--output", default="build", help="output directory (default: build/)")
-    c.add_argument("--name", help="the def to compile when the file has several")
+    c.add_argument("--name", help="the def to compile when the file has several; for a model, "
+                   "the C prefix and file name (default: the file's stem)")
+    c.add_argument("--shape", action="append", default=[], metavar="INPUT=D0,D1,...",
+                   help="(.onnx) the static shape of an input with symbolic dimensions; "
+                   "may be repeated")
+    c.add_argument("-q", "--quiet", action="store_true",
+                   help="(.onnx) no progress messages on stderr")
     c.add_argument("--emit", choices=EMITS, default="lib",
                    help="what to produce: the library (default) or print c/header/schedule/ir/deps")
     c.add_argument("--fusion", choices=FUSION_MODES, default="smart")
@@ -48,7 +57,8 @@ def _tile(text: str) -> bool | tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise SystemExit(f"polyc: error: --tile expects 'auto', 'none' or integers, got {text!r}")
+        raise SystemExit(f"polyc: error: --tile expects 'auto', 'none' or integers, "
+                         f"got {text!r}") from None
 
 
 def _sizes(text: str) -> dict[str, int]:
@@ -81,15 +91,64 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _shapes(items: list[str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for item in items:
+        name, eq, dims = item.rpartition("=")
+        try:
+            values = [int(d) for d in dims.split(",")]
+        except ValueError:
+            values = []
+        if not eq or not name or not values or any(v < 1 for v in values):
+            raise SystemExit(f"polyc: error: --shape expects INPUT=D0,D1,... with every D >= 1, "
+                             f"got {item!r}")
+        out[name] = values
+    return out
+
+
+def _options(args: argparse.Namespace, specialize: bool) -> Options:
+    return Options(fusion=args.fusion, tile=_tile(args.tile), threads=args.threads,
+                   parallel=not args.no_parallel, vectorize=not args.no_simd,
+                   specialize=specialize, schedule=args.schedule)
+
+
+def _compile_onnx(args: argparse.Namespace) -> int:
+    from . import model
+
+    if args.emit not in ("lib", "c", "header"):
+        raise SystemExit(f"polyc: error: --emit {args.emit} is for .tc files; a model emits "
+                         "lib, c or header")
+    if args.sizes or args.schedule:
+        raise SystemExit("polyc: error: --sizes and --schedule are for .tc files "
+                         "(give a model's input shapes with --shape)")
+    options = _options(args, True)
+    progress = False if args.quiet else True
+    name = args.name or os.path.splitext(os.path.basename(args.file))[0]
+    program = model.lower_onnx(args.file, _shapes(args.shape) or None,
+                               model.progress_printer(progress))
+    if args.emit != "lib":
+        source = model.model_source(program, options, name=name, progress=progress)
+        print(source.text if args.emit == "c" else source.header)
+        return 0
+    built = model.build_model(program, options, name=name, output_dir=args.output,
+                              progress=progress)
+    built.close()
+    files = (built.library_path, built.header_path, built.source_path, built.weights_path)
+    print("wrote " + " ".join(files))
+    return 0
+
+
 def _compile(args: argparse.Namespace) -> int:
     from . import pipeline
     from .frontend import from_tc
 
+    if args.file.endswith(".onnx"):
+        return _compile_onnx(args)
+    if args.shape:
+        raise SystemExit("polyc: error: --shape is for .onnx models (a .tc file takes --sizes)")
     with open(args.file) as f:
         source = f.read()
-    options = Options(fusion=args.fusion, tile=_tile(args.tile), threads=args.threads,
-                      parallel=not args.no_parallel, vectorize=not args.no_simd,
-                      specialize=bool(args.sizes), schedule=args.schedule)
+    options = _options(args, bool(args.sizes))
     kernel = from_tc(source, args.name)
     sizes = _sizes(args.sizes)
     unknown = set(sizes) - set(kernel.sizes)

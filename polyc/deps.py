@@ -6,6 +6,9 @@ Three kinds, each an isl union map from source instance to sink instance:
 * anti (write after read), memory-based;
 * output (write after write).
 
+Indirect reads (``X(I(i), j)``) read any element along their non-affine dimensions
+(:func:`polyc.ir.access_relation`): the dependences are over-approximated, never missed.
+
 Reductions: the updates of one element by a reduction statement (``C(m,n) +=
 A(m,k) * B(k,n)``) commute. Their writes are therefore *may* sources (they never
 hide an earlier write: the init statement of ``+=!`` reaches every update, not only
@@ -73,7 +76,8 @@ def _accesses(kernel: Kernel, stmts: list[Statement], kind: str) -> isl.UnionMap
     for s in stmts:
         accesses = [s.write] if kind == "write" else list(s.reads)
         for a in accesses:
-            umap = umap.union(isl.UnionMap.from_map(a.relation(s.domain)))
+            shape = kernel.array(a.array).shape
+            umap = umap.union(isl.UnionMap.from_map(a.relation(s.domain, shape)))
     return umap.intersect_params(kernel.context)
 
 

@@ -124,10 +124,11 @@ def unconditional_reads(e: Expr) -> list[Read]:
     """Reads evaluated whatever the data: not in ``?:`` branches nor right of ``&& ||``.
 
     Only these must stay inside their arrays; a guarded read (TC's padded-convolution
-    idiom ``cond ? I(h+kh-1) : 0``) may point outside where its guard is false.
+    idiom ``cond ? I(h+kh-1) : 0``) may point outside where its guard is false. The reads
+    inside an indirect index (``I(i)`` in ``X(I(i), j)``) are evaluated with their read.
     """
     if isinstance(e, Read):
-        return [e]
+        return [e] + [r for i in e.indices for r in unconditional_reads(i)]
     if isinstance(e, Select):
         return unconditional_reads(e.cond)
     if isinstance(e, Binary) and e.op in ("&&", "||"):

@@ -48,13 +48,22 @@ class Array:
 
 @dataclass(frozen=True, eq=False)
 class Access:
-    """One access of a statement: ``array[indices]`` with indices affine in its iterators."""
+    """One access of a statement: ``array[indices]``.
+
+    Indices are affine in its iterators and sizes, except for the indirect reads a
+    frontend accepts on request (``X(I(i), j)``, see ``from_tc(allow_indirect=True)``):
+    the relation of a non-affine index does not constrain that dimension.
+    """
     array: str
     indices: tuple[E.Expr, ...]
 
-    def relation(self, domain: isl.Set) -> isl.Map:
-        """The access relation, restricted to ``domain``."""
-        return access_relation(domain, self.array, self.indices)
+    @property
+    def is_affine(self) -> bool:
+        return all(E.is_affine(i) for i in self.indices)
+
+    def relation(self, domain: isl.Set, shape: tuple[E.Expr, ...] | None = None) -> isl.Map:
+        """The access relation, restricted to ``domain`` (``shape``: :func:`access_relation`)."""
+        return access_relation(domain, self.array, self.indices, shape)
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,14 +173,30 @@ def default_context(sizes: tuple[str, ...], arrays: tuple[Array, ...]) -> isl.Se
     return isl.Set(f"{params_prefix(sizes)}{{ : {body} }}" if body else "{ : }")
 
 
-def access_relation(domain: isl.Set, array: str, indices: tuple[E.Expr, ...]) -> isl.Map:
-    """``{ S[iters] -> array[indices] }`` restricted to ``domain``."""
+def access_relation(domain: isl.Set, array: str, indices: tuple[E.Expr, ...],
+                    shape: tuple[E.Expr, ...] | None = None) -> isl.Map:
+    """``{ S[iters] -> array[indices] }`` restricted to ``domain``.
+
+    A non-affine (indirect, data-dependent) index is over-approximated, as PPCG does
+    for may-accesses: that dimension of the element may be any value -- any value in
+    ``0 <= d < extent`` when the array's ``shape`` is given.
+    """
     space = domain.get_space()
     sizes = [space.get_dim_name(isl.dim_type.param, i) for i in range(space.dim(isl.dim_type.param))]
     iters = [space.get_dim_name(isl.dim_type.set, i) for i in range(space.dim(isl.dim_type.set))]
     name = domain.get_tuple_name()
-    idx = ", ".join(E.to_isl(i) for i in indices)
-    m = isl.Map(f"{params_prefix(sizes)}{{ {name}[{', '.join(iters)}] -> {array}[{idx}] }}")
+    idx, conds = [], []
+    for d, i in enumerate(indices):
+        if E.is_affine(i):
+            idx.append(E.to_isl(i))
+        else:
+            var = f"polyc_any{d}"
+            idx.append(var)
+            if shape is not None:
+                conds.append(f"0 <= {var} < {E.to_isl(shape[d])}")
+    body = f" : {' and '.join(conds)}" if conds else ""
+    m = isl.Map(f"{params_prefix(sizes)}{{ {name}[{', '.join(iters)}] -> "
+                f"{array}[{', '.join(idx)}]{body} }}")
     return m.intersect_domain(domain)
 
 

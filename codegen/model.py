@@ -1,0 +1,242 @@
+"""A whole :class:`polyc.program.Program` as one C translation unit, header and weights
+layout.
+
+The translation unit holds, in order: the header's declarations, the prelude once,
+one ``static`` function per *distinct* kernel (steps whose kernels are equal up to the
+names of their arrays share one function: ResNet repeats its layers), the weights
+table, and the public functions::
+
+    <m>_model *<m>_init(const char *weights_path)    reads + verifies the weights file
+    int  <m>_run(const <m>_model *, inputs..., outputs...)
+    int  <m>_run_with_workspace(const <m>_model *, void *workspace, inputs..., outputs...)
+    void <m>_free(<m>_model *)
+    size_t <m>_workspace_size(void), and name/dtype/rank/shape queries
+
+``run`` allocates the arena (:mod:`.memplan`) for the call and frees it, so concurrent
+runs share nothing mutable. Each step is one call ``polyc_k<i>_<name>(buffers...)``
+on pointers into the caller's inputs/outputs, the weights or the arena. An output
+buffer is zeroed before its step only when its kernel reads the initial value of some
+element (the kernel contract: outputs start at zero) -- see :func:`reads_initial_values`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import islpy as isl
+
+from polyc import expr as E
+from polyc.errors import InternalError
+from polyc.ir import Access, Array, Kernel, Statement
+from polyc.options import Options
+from polyc.program import Program
+
+from . import model_c
+from .c_expr import CTYPES, Namer, sanitize
+from .c_family import CDialect, CFunction, generate_function
+from .memplan import MemoryPlan, lifetimes, plan_memory
+from .weights import WeightsLayout, plan_weights
+
+#: ``schedule(kernel) -> (kernel, schedule)``: the pipeline's stages check .. legality
+Scheduler = Callable[[Kernel], "tuple[Kernel, isl.Schedule]"]
+ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """An input or output of the model's C API."""
+    name: str  # the model's name
+    cname: str  # the C parameter
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Everything generated for a model (no file written yet)."""
+    name: str  # the C prefix
+    text: str
+    header: str
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    weights: WeightsLayout
+    plan: MemoryPlan
+    #: buffer -> storage: ("input"|"output", index) | ("weight", slot) | ("arena", offset)
+    storage: dict[str, tuple[str, int]]
+    #: (step index, function name) and the number of distinct functions
+    calls: tuple[tuple[int, str], ...]
+    functions: int
+
+
+def generate_model(program: Program, schedule: Scheduler, options: Options | None = None,
+                   *, name: str | None = None, dialect: CDialect | None = None,
+                   progress: Callable[[str], None] | None = None) -> ModelSource:
+    """C for ``program``; ``schedule`` runs the pipeline's scheduling stages on a kernel
+    (called once per distinct kernel)."""
+    options = options or Options()
+    say = progress or (lambda _msg: None)
+    prefix = sanitize(name or program.name or "model")
+    storage, plan, layout, copies = _storage(program)
+    say(f"planned memory: {plan.describe()}")
+    functions, calls = _functions(program, schedule, options, dialect, say)
+    inputs, outputs = _interface(program)
+    zero = {i: [a for a, arr in zip(step.args, _arg_arrays(step.kernel))
+                if arr.role == "output" and reads_initial_values(step.kernel, arr.name)]
+            for i, step in enumerate(program.steps)}
+    parts = model_c.Parts(prefix, program, inputs, outputs, storage, layout, plan, copies,
+                          calls, zero, functions)
+    return ModelSource(prefix, model_c.translation_unit(parts), model_c.header(parts),
+                       inputs, outputs, layout, plan, storage, tuple(calls), len(functions))
+
+
+# -- storage -----------------------------------------------------------------------------
+
+def _storage(program: Program) -> tuple[dict[str, tuple[str, int]], MemoryPlan,
+                                        WeightsLayout, list[tuple[int, str]]]:
+    """Where each root buffer lives, the arena plan, the weights layout, and the outputs
+    that need a memcpy (output index, source buffer)."""
+    weights = [n for n, _ in program.weights]
+    layout = plan_weights([(n, program.buffer(n).dtype, program.buffer(n).shape)
+                           for n in weights])
+    storage: dict[str, tuple[str, int]] = {n: ("weight", i) for i, n in enumerate(weights)}
+    storage.update({n: ("input", i) for i, n in enumerate(program.inputs)})
+    copies: list[tuple[int, str]] = []
+    claimed: set[str] = set()
+    # outputs that are their own storage first, then outputs that are views of temporaries
+    for own in (True, False):
+        for i, out in enumerate(program.outputs):
+            root = program.root(out)
+            if (root == out) != own or root in claimed:
+                continue
+            if root not in storage:
+                storage[root] = ("output", i)
+                claimed.add(root)
+    for i, out in enumerate(program.outputs):
+        if storage.get(program.root(out)) != ("output", i):
+            copies.append((i, program.root(out)))
+    uses = [(s, program.root(a)) for s, step in enumerate(program.steps) for a in step.args]
+    end = len(program.steps)
+    uses += [(end, root) for _, root in copies]
+    sizes = {b.name: b.size * ITEMSIZE[b.dtype] for b in program.buffers
+             if program.root(b.name) == b.name and b.name not in storage}
+    plan = plan_memory(lifetimes(uses, sizes))
+    storage.update({n: ("arena", off) for n, off in plan.offsets.items()})
+    _check_writes(program, storage)
+    return storage, plan, layout, copies
+
+
+def _check_writes(program: Program, storage: dict[str, tuple[str, int]]) -> None:
+    for s, step in enumerate(program.steps):
+        for a, arr in zip(step.args, _arg_arrays(step.kernel)):
+            kind = storage.get(program.root(a), ("?", 0))[0]
+            if arr.role == "output" and kind in ("input", "weight"):
+                raise InternalError(f"step {s} ({step.kernel.name}) writes {a!r}, whose "
+                                    f"storage is a model {kind}")
+            if kind == "?":
+                raise InternalError(f"step {s} ({step.kernel.name}) uses {a!r}, which is "
+                                    "never stored (not a buffer of the program?)")
+
+
+def _arg_arrays(kernel: Kernel) -> list[Array]:
+    return [kernel.array(a) for a in kernel.inputs + kernel.outputs]
+
+
+def _interface(program: Program) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    namer = Namer({"model", "workspace"})
+    def tensor(n: str) -> Tensor:
+        b = program.buffer(n)
+        return Tensor(n, namer.fresh(n), b.dtype, tuple(b.shape))
+    return (tuple(tensor(n) for n in program.inputs),
+            tuple(tensor(n) for n in program.outputs))
+
+
+# -- kernels -----------------------------------------------------------------------------
+
+def _functions(program: Program, schedule: Scheduler, options: Options,
+               dialect: CDialect | None,
+               say: Callable[[str], None]) -> tuple[list[CFunction], list[tuple[int, str]]]:
+    """One function per distinct kernel; the function each step calls."""
+    by_key: dict[str, CFunction] = {}
+    calls: list[tuple[int, str]] = []
+    total = len(program.steps)
+    for s, step in enumerate(program.steps):
+        key = kernel_key(step.kernel)
+        fn = by_key.get(key)
+        if fn is None:
+            base = sanitize(step.kernel.name).rstrip("_") or "k"
+            kernel, sched = schedule(step.kernel)
+            fn = generate_function(kernel, sched, options, dialect,
+                                   name=f"polyc_k{len(by_key)}_{base}", static=True)
+            by_key[key] = fn
+            say(f"[{s + 1}/{total}] {step.kernel.name}: scheduled and generated {fn.name}")
+        else:
+            say(f"[{s + 1}/{total}] {step.kernel.name}: same kernel as {fn.name}")
+        calls.append((s, fn.name))
+    return list(by_key.values()), calls
+
+
+def kernel_key(kernel: Kernel) -> str:
+    """Text that is equal for two kernels exactly when they differ only in the names of
+    the kernel and its arrays (arrays renamed ``a0, a1...`` in signature order)."""
+    order = list(kernel.inputs) + list(kernel.outputs) + [a.name for a in kernel.temporaries]
+    new = {a: f"a{i}" for i, a in enumerate(order)}
+
+    def expr(e: E.Expr) -> E.Expr:
+        return E.map_expr(e, lambda x: E.Read(new[x.array], x.indices)
+                          if isinstance(x, E.Read) else None)
+
+    stmts = tuple(replace(s, write=Access(new[s.write.array], s.write.indices),
+                          value=expr(s.value), origin="") for s in kernel.statements)
+    arrays = tuple(replace(a, name=new[a.name]) for a in kernel.arrays)
+    parts = [repr((arrays, tuple(new[i] for i in kernel.inputs),
+                   tuple(new[o] for o in kernel.outputs), kernel.sizes, kernel.fixed_sizes)),
+             str(kernel.context)]
+    parts += [_statement_key(s) for s in stmts]
+    return "\n".join(parts)
+
+
+def _statement_key(s: Statement) -> str:
+    return repr((s.name, str(s.domain), s.iterators, s.write.array, s.write.indices, s.op,
+                 s.value, s.kind))
+
+
+# -- which outputs start at zero ---------------------------------------------------------
+
+def reads_initial_values(kernel: Kernel, array: str) -> bool:
+    """Does ``kernel`` read an element of its output ``array`` before writing it with
+    ``=`` (a ``+=`` without init, ``max=`` ...), or leave an element unwritten? Then the
+    caller must zero it first (outputs start at zero, as ``np.zeros`` in the runtime).
+
+    Statements run in program order (the schedule preserves every dependence), so it is
+    enough to follow, statement by statement, the set of elements written with ``=``.
+    """
+    arr = kernel.array(array)
+    box = _box(kernel, arr)
+    written = box.subtract(box)  # empty, same space
+    for s in kernel.statements:
+        for r in s.reads:
+            if r.array == array and not _touched(s, r, box).is_subset(written):
+                return True
+        if s.write.array == array and s.op == "=":
+            written = written.union(_touched(s, s.write, box))
+    return not box.is_subset(written)
+
+
+def _box(kernel: Kernel, arr: Array) -> isl.Set:
+    names = [f"d{i}" for i in range(arr.rank)]
+    conds = " and ".join(f"0 <= {d} < {E.to_isl(x)}" for d, x in zip(names, arr.shape))
+    prefix = f"[{', '.join(kernel.sizes)}] -> " if kernel.sizes else ""
+    text = f"{prefix}{{ {arr.name}[{', '.join(names)}]" + (f" : {conds} }}" if conds else " }")
+    return isl.Set(text).intersect_params(kernel.context)
+
+
+def _touched(s: Statement, access: Access, box: isl.Set) -> isl.Set:
+    return access.relation(s.domain).range().intersect(box)
+
+
+def itemsize(dtype: str) -> int:
+    return ITEMSIZE[dtype]
+
+
+def ctype(dtype: str) -> str:
+    return CTYPES[dtype]

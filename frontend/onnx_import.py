@@ -1,0 +1,510 @@
+"""ONNX model -> :class:`~polyc.frontend.onnx_graph.Graph` (static shapes, constants).
+
+:func:`load_graph` reads a model (a path, bytes or an ``onnx.ModelProto``), checks it
+with onnx's checker, gives symbolic input dimensions the values passed in ``shapes``,
+runs onnx's shape inference and requires every tensor to have a static shape and a
+dtype polyc compiles. Initializers and ``Constant`` nodes become constants (graph
+inputs that also have an initializer are constants too, as old IR versions list weights
+as inputs); anonymous nodes are named ``<OpType>_<index>``; attributes become Python
+values. Where shape inference cannot see through a shape computation (``Shape`` ->
+``Gather`` -> ``Concat`` -> ``Reshape``), constant subgraphs are evaluated and shape
+inference runs again.
+
+Every failure is a :class:`polyc.errors.CompileError` that names the file, the tensor
+or the node: never a protobuf or onnx traceback.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from polyc.errors import CompileError
+
+from .onnx_graph import Graph, Node, TensorInfo, UnsupportedOpError
+
+#: ONNX element type -> polyc dtype
+DTYPES = {TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64",
+          TensorProto.INT32: "int32", TensorProto.INT64: "int64", TensorProto.BOOL: "bool"}
+#: polyc dtype -> numpy dtype
+NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
+         "int64": np.int64, "bool": np.bool_}
+STANDARD_DOMAINS = ("", "ai.onnx")
+
+
+def onnx_type_name(elem_type: int) -> str:
+    try:
+        return TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"type {elem_type}"
+
+
+# -- reading --------------------------------------------------------------------------
+
+def read_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """The model proto and a description of where it came from (for messages)."""
+    if isinstance(model, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return copy, "the model"
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        where = "the model bytes"
+        data = bytes(model)
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(data)
+        except Exception as e:  # google.protobuf.message.DecodeError and friends
+            raise CompileError(f"{where}: not a valid ONNX model (cannot decode the protobuf: "
+                               f"{e})") from None
+        _check_nonempty(proto, where, data)
+        return proto, where
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        where = f"{path!r}"
+        if not os.path.exists(path):
+            raise CompileError(f"{where}: no such file (expected an ONNX model)")
+        if os.path.isdir(path):
+            raise CompileError(f"{where} is a directory, not an ONNX model file")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise CompileError(f"{where}: cannot read the file: {e}") from None
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(data)
+        except Exception as e:
+            raise CompileError(f"{where}: not a valid ONNX model (the file is malformed or "
+                               f"truncated: {e})") from None
+        _check_nonempty(proto, where, data)
+        try:  # weights stored next to the model
+            from onnx.external_data_helper import load_external_data_for_model
+            if any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer):
+                load_external_data_for_model(proto, os.path.dirname(os.path.abspath(path)))
+        except Exception as e:
+            raise CompileError(f"{where}: cannot load the external weight data: {e}") from None
+        return proto, where
+    raise CompileError(f"expected a path, bytes or an onnx.ModelProto, got "
+                       f"{type(model).__name__}")
+
+
+def _check_nonempty(proto: onnx.ModelProto, where: str, data: bytes) -> None:
+    if not data or not proto.HasField("graph") or proto.ir_version == 0:
+        raise CompileError(f"{where}: not a valid ONNX model (no graph or IR version; the "
+                           f"file is empty, truncated or not ONNX)")
+
+
+# -- checks and shapes ------------------------------------------------------------------
+
+def _opset(proto: onnx.ModelProto) -> int:
+    for o in proto.opset_import:
+        if o.domain in STANDARD_DOMAINS:
+            return int(o.version)
+    return 1
+
+
+def _check_domains(proto: onnx.ModelProto) -> None:
+    bad = [(n.name or f"{n.op_type}_{i}", n.domain, n.op_type)
+           for i, n in enumerate(proto.graph.node) if n.domain not in STANDARD_DOMAINS]
+    if bad:
+        listed = "; ".join(f"node {name!r} ({dom}.{op})" for name, dom, op in bad[:20])
+        more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
+        raise UnsupportedOpError(f"custom op domains are not supported (only the standard "
+                                 f"ONNX domain): {listed}{more}")
+
+
+def _with_output_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model for onnx's checker, which wants a shape on every graph output: where
+    one has none (shape inference, and polyc's folding, will find it), an empty one."""
+    if all(o.type.tensor_type.HasField("shape") for o in proto.graph.output
+           if o.type.HasField("tensor_type")):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for o in copy.graph.output:
+        if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape"):
+            o.type.tensor_type.shape.SetInParent()
+    return copy
+
+
+def _dims(t: onnx.TypeProto) -> list[int | str | None] | None:
+    if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return None
+    out: list[int | str | None] = []
+    for d in t.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            out.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            out.append(d.dim_param)
+        else:
+            out.append(None)
+    return out
+
+
+def _show_dims(dims: Sequence[int | str | None] | None) -> str:
+    if dims is None:
+        return "(unknown rank)"
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
+
+
+def _apply_shapes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None,
+                  where: str) -> None:
+    inits = {t.name for t in proto.graph.initializer}
+    real = [i for i in proto.graph.input if i.name not in inits]
+    by_name = {i.name: i for i in real}
+    shapes = dict(shapes or {})
+    unknown = [n for n in shapes if n not in by_name]
+    if unknown:
+        raise CompileError(f"{where}: --shape/shapes names {', '.join(map(repr, unknown))}, "
+                           f"which {'is' if len(unknown) == 1 else 'are'} not a graph input; "
+                           f"the inputs are: "
+                           + ", ".join(f"{i.name} {_show_dims(_dims(i.type))}" for i in real))
+    for name, value in shapes.items():
+        inp = by_name[name]
+        try:
+            value = [int(v) for v in value]
+        except (TypeError, ValueError):
+            raise CompileError(f"shape for input {name!r} must be a list of integers, got "
+                               f"{value!r}") from None
+        if any(v < 1 for v in value):
+            raise CompileError(f"shape for input {name!r} must have positive dimensions, got "
+                               f"{value}")
+        old = _dims(inp.type)
+        if old is not None and len(old) != len(value):
+            raise CompileError(f"input {name!r} has rank {len(old)} {_show_dims(old)}, but the "
+                               f"shape given for it has rank {len(value)}: {value}")
+        for d, (o, v) in enumerate(zip(old or [], value)):
+            if isinstance(o, int) and o != v:
+                raise CompileError(f"input {name!r} has dimension {d} fixed to {o} in the "
+                                   f"model, but the shape given for it says {v}")
+        tt = inp.type.tensor_type
+        tt.shape.Clear()
+        for v in value:
+            tt.shape.dim.add().dim_value = v
+    for inp in real:
+        if not inp.type.HasField("tensor_type"):
+            kind = inp.type.WhichOneof("value") or "untyped"
+            raise UnsupportedOpError(f"input {inp.name!r} is of {kind.replace('_type', '')} "
+                                     f"type, "
+                                     f"not a tensor: polyc compiles tensors only")
+        if inp.type.tensor_type.elem_type not in DTYPES:
+            raise UnsupportedOpError(
+                f"tensor {inp.name!r} (graph input) has dtype "
+                f"{onnx_type_name(inp.type.tensor_type.elem_type)}, which polyc does not "
+                f"support (supported: float, double, int32, int64, bool)")
+        dims = _dims(inp.type)
+        if dims is None or any(not isinstance(d, int) for d in dims):
+            example = ",".join(str(d) if isinstance(d, int) else "1" for d in (dims or []))
+            raise CompileError(
+                f"input {inp.name!r} has a dynamic shape {_show_dims(dims)}: polyc compiles "
+                f"static shapes; give it a value with --shape {inp.name}={example or '...'} "
+                f"(command line) or shapes={{{inp.name!r}: [{example.replace(',', ', ')}]}} "
+                f"(Python)")
+    # value_info and outputs may carry symbolic dims that inference would keep: drop them
+    for vi in list(proto.graph.value_info):
+        dims = _dims(vi.type)
+        if dims is not None and any(not isinstance(d, int) for d in dims):
+            proto.graph.value_info.remove(vi)
+    for out in proto.graph.output:
+        dims = _dims(out.type)
+        if dims is not None and any(not isinstance(d, int) for d in dims):
+            out.type.tensor_type.ClearField("shape")
+
+
+def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
+                                                 data_prop=True)
+    except Exception:
+        pass
+    try:
+        return onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except Exception as e:
+        raise CompileError(f"{where}: onnx shape inference failed: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text if len(text) < 2000 else text[:2000] + "..."
+
+
+def _value_infos(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    g = proto.graph
+    out: dict[str, onnx.ValueInfoProto] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        if vi.type.HasField("tensor_type"):
+            prev = out.get(vi.name)
+            dims = _dims(vi.type)
+            if prev is None or (_dims(prev.type) is None and dims is not None) or (
+                    dims is not None and all(isinstance(d, int) for d in dims)):
+                out[vi.name] = vi
+    return out
+
+
+def _static(vi: onnx.ValueInfoProto | None) -> bool:
+    if vi is None:
+        return False
+    dims = _dims(vi.type)
+    return dims is not None and all(isinstance(d, int) for d in dims) \
+        and vi.type.tensor_type.elem_type != 0
+
+
+def _fold_for_shapes(proto: onnx.ModelProto) -> bool:
+    """Evaluate nodes whose inputs are all constants (or Shape/Size of static tensors),
+    turning them into initializers, so that shape inference sees through shape
+    computations. True if anything changed."""
+    from .onnx_passes import evaluate_node
+    g = proto.graph
+    infos = _value_infos(proto)
+    consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    opset = _opset(proto)
+    changed = False
+    keep = []
+    for i, n in enumerate(g.node):
+        ins = [x for x in n.input if x]
+        value = None
+        if n.domain in STANDARD_DOMAINS and n.op_type in ("Shape", "Size") and ins \
+                and _static(infos.get(ins[0])):
+            dims = [int(d) for d in _dims(infos[ins[0]].type)]  # type: ignore[union-attr]
+            fake = np.zeros(dims, dtype=np.float32)
+            node = _node_of(n, i, opset)
+            value = evaluate_node(node, [fake], opset)
+        elif n.domain in STANDARD_DOMAINS and all(x in consts for x in ins) \
+                and n.op_type not in _NO_FOLD:
+            try:
+                value = evaluate_node(_node_of(n, i, opset), [consts[x] for x in ins], opset)
+            except Exception:
+                value = None
+        if value is None:
+            keep.append(n)
+            continue
+        for name, v in zip(n.output, value):
+            if name:
+                consts[name] = v
+                g.initializer.append(numpy_helper.from_array(np.asarray(v), name))
+        changed = True
+    if changed:
+        del g.node[:]
+        g.node.extend(keep)
+    return changed
+
+
+_NO_FOLD = frozenset(["RandomNormal", "RandomUniform", "RandomNormalLike",
+                      "RandomUniformLike", "Multinomial", "Bernoulli", "If", "Loop", "Scan"])
+
+
+def _node_of(n: onnx.NodeProto, index: int, opset: int) -> Node:
+    return Node(n.name or f"{n.op_type}_{index}", n.op_type, tuple(n.input), tuple(n.output),
+                {a.name: attribute_value(a) for a in n.attribute}, n.domain)
+
+
+# -- attributes ---------------------------------------------------------------------------
+
+def attribute_value(a: onnx.AttributeProto) -> Any:
+    """An attribute as a Python value: int, float, str, list, numpy array."""
+    A = onnx.AttributeProto
+    if a.type == A.INT:
+        return int(a.i)
+    if a.type == A.FLOAT:
+        return float(a.f)
+    if a.type == A.STRING:
+        return a.s.decode("utf-8", errors="replace")
+    if a.type == A.TENSOR:
+        return numpy_helper.to_array(a.t)
+    if a.type == A.INTS:
+        return [int(v) for v in a.ints]
+    if a.type == A.FLOATS:
+        return [float(v) for v in a.floats]
+    if a.type == A.STRINGS:
+        return [s.decode("utf-8", errors="replace") for s in a.strings]
+    if a.type == A.TENSORS:
+        return [numpy_helper.to_array(t) for t in a.tensors]
+    return helper.get_attribute_value(a)  # graphs, type protos: kept as protos
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray:
+    for a in node.attribute:
+        v = attribute_value(a)
+        if a.name == "value":
+            return np.asarray(v)
+        if a.name == "value_float":
+            return np.asarray(v, dtype=np.float32)
+        if a.name == "value_floats":
+            return np.asarray(v, dtype=np.float32)
+        if a.name == "value_int":
+            return np.asarray(v, dtype=np.int64)
+        if a.name == "value_ints":
+            return np.asarray(v, dtype=np.int64)
+        if a.name == "sparse_value":
+            from onnx.numpy_helper import to_array
+            sp = a.sparse_tensor
+            dense = np.zeros(tuple(sp.dims), dtype=to_array(sp.values).dtype)
+            idx = to_array(sp.indices)
+            vals = to_array(sp.values)
+            if idx.ndim == 1:
+                dense.reshape(-1)[idx] = vals
+            else:
+                dense[tuple(idx.T)] = vals
+            return dense
+    raise UnsupportedOpError(f"node {node.name!r} (Constant): no supported value attribute "
+                             f"(value, value_float(s), value_int(s), sparse_value)")
+
+
+# -- the graph ----------------------------------------------------------------------------
+
+def load_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
+               shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+    """Read, check and shape-infer an ONNX model into a static :class:`Graph`.
+
+    ``shapes`` gives values to the inputs' symbolic dimensions
+    (``{"input": [1, 3, 224, 224]}``; on the command line ``--shape input=1,3,224,224``).
+    """
+    proto, where = read_model(model)
+    _check_domains(proto)
+    try:
+        onnx.checker.check_model(_with_output_shapes(proto))
+    except Exception as e:
+        raise CompileError(f"{where}: not a valid ONNX model: {_first_line(e)}") from None
+    if len(proto.graph.output) == 0:
+        raise CompileError(f"{where}: the graph has no outputs")
+    _apply_shapes(proto, shapes, where)
+    proto = _infer(proto, where)
+    for _ in range(50):
+        infos = _value_infos(proto)
+        used = _used_tensors(proto)
+        produced = [o for n in proto.graph.node for o in n.output if o and o in used]
+        if all(_static(infos.get(o)) for o in produced):
+            break
+        if not _fold_for_shapes(proto):
+            break
+        proto = _infer(proto, where)
+    return _to_graph(proto, where)
+
+
+def _used_tensors(proto: onnx.ModelProto) -> set[str]:
+    used = {o.name for o in proto.graph.output}
+    for n in proto.graph.node:
+        used.update(x for x in n.input if x)
+    return used
+
+
+def _to_graph(proto: onnx.ModelProto, where: str) -> Graph:
+    g = proto.graph
+    used = _used_tensors(proto)
+    opset = _opset(proto)
+    infos = _value_infos(proto)
+    constants: dict[str, np.ndarray] = {}
+    for t in g.initializer:
+        try:
+            constants[t.name] = numpy_helper.to_array(t)
+        except Exception as e:
+            raise CompileError(f"{where}: cannot read initializer {t.name!r}: {e}") from None
+    for sp in g.sparse_initializer:
+        raise UnsupportedOpError(f"sparse initializer {sp.values.name!r} is not supported")
+    tensors: dict[str, TensorInfo] = {}
+    producer: dict[str, str] = {}
+
+    def add_tensor(name: str, made_by: str) -> None:
+        if not name or name in tensors:
+            return
+        if name in constants:
+            v = constants[name]
+            dtype = _dtype_of_numpy(v.dtype, name, made_by)
+            tensors[name] = TensorInfo(name, dtype, tuple(int(d) for d in v.shape))
+            return
+        vi = infos.get(name)
+        if vi is None or vi.type.tensor_type.elem_type == 0:
+            if vi is not None and not vi.type.HasField("tensor_type"):
+                raise UnsupportedOpError(f"tensor {name!r} ({made_by}) is not a tensor "
+                                         f"(sequences, maps and optionals are not supported)")
+            raise UnsupportedOpError(f"tensor {name!r} ({made_by}) has no inferred type or shape: "
+                               f"polyc needs static shapes; onnx's shape inference could not "
+                               f"compute it")
+        elem = vi.type.tensor_type.elem_type
+        if elem not in DTYPES:
+            raise UnsupportedOpError(f"tensor {name!r} ({made_by}) has dtype "
+                                     f"{onnx_type_name(elem)}, which polyc does not support "
+                                     f"(supported: float, double, int32, int64, bool)")
+        dims = _dims(vi.type)
+        if dims is None or any(not isinstance(d, int) for d in dims):
+            # the graph's inputs are static by now: the shape depends on data
+            raise UnsupportedOpError(f"tensor {name!r} ({made_by}) has a non-static shape "
+                                     f"{_show_dims(dims)}: it depends on the values of "
+                                     f"tensors, and polyc needs every shape known at compile "
+                                     f"time")
+        tensors[name] = TensorInfo(name, DTYPES[elem], tuple(int(d) for d in dims))
+
+    inputs = [i.name for i in g.input if i.name not in constants]
+    for name in inputs:
+        add_tensor(name, "graph input")
+    nodes: list[Node] = []
+    used_names: set[str] = set()
+    for index, n in enumerate(g.node):
+        if n.domain not in STANDARD_DOMAINS:  # checked earlier; kept for safety
+            raise UnsupportedOpError(f"node {n.name!r}: custom domain {n.domain!r}")
+        name = n.name or f"{n.op_type}_{index}"
+        base, k = name, 1
+        while name in used_names:
+            name = f"{base}_{k}"
+            k += 1
+        used_names.add(name)
+        if n.op_type == "Constant":
+            value = _constant_value(n)
+            out = n.output[0]
+            constants[out] = value
+            add_tensor(out, f"output of node {name!r} (Constant)")
+            continue
+        # an output nothing reads, without an inferred type (Dropout's mask): omitted
+        outs = tuple(o if (o in used or _static(infos.get(o))) else "" for o in n.output)
+        node = Node(name, n.op_type, tuple(n.input), outs,
+                    {a.name: attribute_value(a) for a in n.attribute}, n.domain)
+        for x in node.inputs:
+            if x and x not in tensors:
+                if x in constants:
+                    add_tensor(x, "initializer")
+                else:
+                    add_tensor(x, f"input of node {name!r} ({n.op_type})")
+        for o in node.outputs:
+            if o:
+                producer[o] = name
+                add_tensor(o, f"output of node {name!r} ({n.op_type})")
+        nodes.append(node)
+    outputs = [o.name for o in g.output]
+    for o in outputs:
+        add_tensor(o, "graph output" if o not in producer else f"output of node {producer[o]!r}")
+    # constants' dtypes (a weight may be int8 even if no node reads it any more)
+    for cname, v in list(constants.items()):
+        if cname in tensors:
+            want = NUMPY[tensors[cname].dtype]
+            if v.dtype != want:
+                constants[cname] = v.astype(want)
+    return Graph(g.name or "model", tuple(nodes), tuple(inputs), tuple(outputs), tensors,
+                 constants, opset)
+
+
+def _dtype_of_numpy(dt: np.dtype, name: str, made_by: str) -> str:
+    for polyc_dtype, np_dtype in NUMPY.items():
+        if np.dtype(np_dtype) == dt:
+            return polyc_dtype
+    raise UnsupportedOpError(f"tensor {name!r} ({made_by}) has dtype {dt}, which polyc does not "
+                             f"support (supported: float, double, int32, int64, bool)")
+
+
+def graph_to_model(graph: Graph, ir_version: int = 8) -> onnx.ModelProto:
+    """The ONNX model of a :class:`Graph` (after passes, for checks with onnx's reference
+    evaluator or onnxruntime, and for debugging)."""
+    from .onnx_passes import node_proto
+    elem = {v: k for k, v in DTYPES.items()}
+
+    def vi(name: str) -> onnx.ValueInfoProto:
+        info = graph.tensors[name]
+        return helper.make_tensor_value_info(name, elem[info.dtype], list(info.shape))
+    inits = [numpy_helper.from_array(np.asarray(v), n) for n, v in graph.constants.items()]
+    g = helper.make_graph([node_proto(n) for n in graph.nodes], graph.name,
+                          [vi(i) for i in graph.inputs], [vi(o) for o in graph.outputs], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", graph.opset)],
+                             ir_version=ir_version)

@@ -1,0 +1,736 @@
+"""Lowerings of ONNX math ops to TC statements (see ``onnx_graph`` for the contract).
+
+* elementwise ops with numpy broadcasting (dimensions aligned on the right; a size-1
+  or missing dimension is read at index 0), unary activations, Cast;
+* MatMul (numpy semantics: 1-D operands, broadcast batch dimensions) and Gemm;
+* reductions (ReduceMean/Sum/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp), ArgMax/ArgMin;
+* Softmax / LogSoftmax / Hardmax-free normalizations: BatchNormalization (inference),
+  LayerNormalization, InstanceNormalization, LRN.
+
+Every statement carries ``where`` ranges for its left-hand side indices, so shapes of
+temporaries are exact whatever the reads are. Constant inputs of one element are
+inlined as literals; others are read as tensors (weights of the Program).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .onnx_graph import LowerContext, Lowered, Node, UnsupportedOpError, literal, register
+
+FLOATS = ("float32", "float64")
+INTS = ("int32", "int64")
+_CAST = {"float32": "float", "float64": "double", "int32": "int32", "int64": "int64",
+         "bool": "bool"}
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+def unsupported(node: Node, what: str) -> UnsupportedOpError:
+    return UnsupportedOpError(f"node {node.name!r} ({node.op_type}): {what}")
+
+
+def idx_names(rank: int, prefix: str = "i") -> list[str]:
+    return [f"{prefix}{d}" for d in range(rank)]
+
+
+def ref(ctx: LowerContext, tensor: str, idx: Sequence[str]) -> str:
+    """``t_x(i0, i1)``, or ``t_x`` for a rank-0 tensor."""
+    name = ctx.name(tensor)
+    return f"{name}({', '.join(idx)})" if len(idx) else name
+
+
+def ranges(shape: Sequence[int], idx: Sequence[str]) -> list[str]:
+    return [f"{i} in 0:{n}" for i, n in zip(idx, shape)]
+
+
+def where(clauses: Sequence[str]) -> str:
+    return f" where {', '.join(clauses)}" if clauses else ""
+
+
+def stmt(ctx: LowerContext, out: str, idx: Sequence[str], op: str, value: str,
+         lets: Sequence[str] = (), extra: Sequence[str] = ()) -> str:
+    """``out(idx) op value where <lets>, <ranges of idx>, <extra>``."""
+    return f"{ref(ctx, out, idx)} {op} {value}" + where(
+        list(lets) + ranges(ctx.shape(out), idx) + list(extra))
+
+
+def temp_stmt(ctx: LowerContext, name: str, idx: Sequence[str], shape: Sequence[int],
+              op: str, value: str, lets: Sequence[str] = ()) -> str:
+    lhs = f"{name}({', '.join(idx)})" if len(idx) else name
+    return f"{lhs} {op} {value}" + where(list(lets) + ranges(shape, idx))
+
+
+def bcast_idx(ctx: LowerContext, tensor: str, out_idx: Sequence[str],
+              offset: int | None = None) -> list[str]:
+    """Indices reading ``tensor`` broadcast against an output indexed by ``out_idx``
+    (numpy: align right; size-1 dimensions read at 0). ``offset``: legacy ONNX
+    broadcasting aligns the tensor at that output axis instead."""
+    shape = ctx.shape(tensor)
+    off = len(out_idx) - len(shape) if offset is None else offset
+    return ["0" if n == 1 else out_idx[off + d] for d, n in enumerate(shape)]
+
+
+def small_const(ctx: LowerContext, tensor: str):
+    """The value of a one-element constant (inlined as a literal), else None."""
+    c = ctx.const(tensor)
+    if c is not None and c.size == 1:
+        return c.reshape(-1)[0].item()
+    return None
+
+
+def lit(value, dtype: str) -> str:
+    text = literal(value, dtype)
+    return f"({text})" if text.startswith("-") else text
+
+
+def operand(ctx: LowerContext, tensor: str, out_idx: Sequence[str],
+            offset: int | None = None) -> str:
+    v = small_const(ctx, tensor)
+    if v is not None:
+        return lit(v, ctx.dtype(tensor))
+    return ref(ctx, tensor, bcast_idx(ctx, tensor, out_idx, offset))
+
+
+def present(node: Node, i: int) -> bool:
+    return len(node.inputs) > i and bool(node.inputs[i])
+
+
+def cast_to(dtype: str, expr: str) -> str:
+    return f"{_CAST[dtype]}({expr})"
+
+
+def norm_axis(node: Node, axis: int, rank: int) -> int:
+    a = axis + rank if axis < 0 else axis
+    if not 0 <= a < max(rank, 1):
+        raise unsupported(node, f"axis {axis} is out of range for rank {rank}")
+    return a
+
+
+def require_float(node: Node, ctx: LowerContext, tensor: str) -> str:
+    dt = ctx.dtype(tensor)
+    if dt not in FLOATS:
+        raise unsupported(node, f"input {tensor!r} has dtype {dt}; this op is lowered for "
+                                f"float32 and float64 only")
+    return dt
+
+
+# -- elementwise ------------------------------------------------------------------------
+
+def _legacy_offset(node: Node, ctx: LowerContext, k: int) -> int | None:
+    """Opset < 7 broadcasting (``broadcast=1``, ``axis``): the second operand aligned at
+    ``axis``."""
+    if k != 1 or ctx.graph.opset >= 7 or not node.attr("broadcast", 0):
+        return None
+    axis = node.attr("axis")
+    if axis is None:
+        return None
+    rank = ctx.rank(node.outputs[0])
+    return axis + rank if axis < 0 else axis
+
+
+def elementwise(node: Node, ctx: LowerContext, fn: Callable[..., str],
+                inputs: Sequence[str] | None = None, lets: Callable[..., tuple] | None = None
+                ) -> Lowered:
+    """``Y(i..) = fn(operands...)``: each input read broadcast against the output."""
+    out = node.outputs[0]
+    idx = idx_names(ctx.rank(out))
+    ins = [x for x in (node.inputs if inputs is None else inputs)]
+    args = [operand(ctx, x, idx, _legacy_offset(node, ctx, k)) if x else "" for k, x in
+            enumerate(ins)]
+    value = fn(*args)
+    if all(small_const(ctx, x) is not None for x in ins if x):
+        value = cast_to(ctx.dtype(out), value)
+    return Lowered([stmt(ctx, out, idx, "=", value)])
+
+
+def _binary(op: str):
+    def fn(node: Node, ctx: LowerContext) -> Lowered:
+        return elementwise(node, ctx, lambda a, b: f"{a} {op} {b}")
+    return fn
+
+
+register("Add")(_binary("+"))
+register("Sub")(_binary("-"))
+register("Mul")(_binary("*"))
+register("Equal")(_binary("=="))
+register("Less")(_binary("<"))
+register("LessOrEqual")(_binary("<="))
+register("Greater")(_binary(">"))
+register("GreaterOrEqual")(_binary(">="))
+register("And")(_binary("&&"))
+register("Or")(_binary("||"))
+register("Xor")(_binary("!="))
+
+
+@register("Div")
+def div(node: Node, ctx: LowerContext) -> Lowered:
+    # integer division truncates towards zero, as C's `/` (and ONNX's reference) does
+    return elementwise(node, ctx, lambda a, b: f"{a} / {b}")
+
+
+@register("Mod")
+def mod(node: Node, ctx: LowerContext) -> Lowered:
+    dt = ctx.dtype(node.outputs[0])
+    if node.attr("fmod", 0):  # C's fmod / %: the sign of the dividend
+        if dt in FLOATS:
+            return elementwise(node, ctx, lambda a, b: f"fmod({a}, {b})")
+        return elementwise(node, ctx, lambda a, b: f"{a} - ({a} / {b}) * {b}")
+    return elementwise(node, ctx, lambda a, b: f"{a} % {b}")  # the sign of the divisor
+
+
+@register("Pow")
+def pow_(node: Node, ctx: LowerContext) -> Lowered:
+    out_dt = ctx.dtype(node.outputs[0])
+    e = small_const(ctx, node.inputs[1])
+    if out_dt in FLOATS:
+        if e is not None and float(e) == 2.0:
+            return elementwise(node, ctx, lambda a, b: f"{a} * {a}")
+        if e is not None and float(e) == 1.0:
+            return elementwise(node, ctx, lambda a, b: f"{a}")
+        if e is not None and float(e) == 0.5:
+            return elementwise(node, ctx, lambda a, b: f"sqrt({a})")
+        exp_dt = ctx.dtype(node.inputs[1])
+        return elementwise(node, ctx, lambda a, b: f"pow({a}, {cast_to(out_dt, b)})"
+                           if exp_dt != out_dt else f"pow({a}, {b})")
+    return elementwise(node, ctx, lambda a, b: cast_to(
+        out_dt, f"pow(double({a}), double({b}))"))
+
+
+def _variadic(node: Node, ctx: LowerContext, combine: Callable[[list[str]], str]) -> Lowered:
+    return elementwise(node, ctx, lambda *args: combine(list(args)))
+
+
+def _fold2(fn: str, args: list[str]) -> str:
+    acc = args[0]
+    for a in args[1:]:
+        acc = f"{fn}({acc}, {a})"
+    return acc
+
+
+@register("Max")
+def max_(node: Node, ctx: LowerContext) -> Lowered:
+    return _variadic(node, ctx, lambda a: _fold2("max", a))
+
+
+@register("Min")
+def min_(node: Node, ctx: LowerContext) -> Lowered:
+    return _variadic(node, ctx, lambda a: _fold2("min", a))
+
+
+@register("Sum")
+def sum_(node: Node, ctx: LowerContext) -> Lowered:
+    return _variadic(node, ctx, lambda a: " + ".join(a))
+
+
+@register("Mean")
+def mean_(node: Node, ctx: LowerContext) -> Lowered:
+    dt = ctx.dtype(node.outputs[0])
+    n = len([x for x in node.inputs if x])
+    return _variadic(node, ctx, lambda a: f"({' + '.join(a)}) / {lit(n, dt)}")
+
+
+@register("Where")
+def where_(node: Node, ctx: LowerContext) -> Lowered:
+    return elementwise(node, ctx, lambda c, a, b: f"{c} ? {a} : {b}")
+
+
+@register("Not")
+def not_(node: Node, ctx: LowerContext) -> Lowered:
+    return elementwise(node, ctx, lambda a: f"!{a}")
+
+
+def _unary(template: Callable[[str, Node, str], str], float_only: bool = True):
+    def fn(node: Node, ctx: LowerContext) -> Lowered:
+        dt = ctx.dtype(node.inputs[0])
+        if float_only:
+            require_float(node, ctx, node.inputs[0])
+        return elementwise(node, ctx, lambda a: template(a, node, dt), inputs=node.inputs[:1])
+    return fn
+
+
+def _f(value: float, dt: str) -> str:
+    return lit(value, dt)
+
+
+UNARY: dict[str, tuple[Callable[[str, Node, str], str], bool]] = {
+    "Relu": (lambda a, n, dt: f"relu({a})", False),
+    "Neg": (lambda a, n, dt: f"-{a}", False),
+    "Abs": (lambda a, n, dt: f"abs({a})", False),
+    "Sign": (lambda a, n, dt: f"{a} > {_f(0, dt)} ? {_f(1, dt)} : ({a} < {_f(0, dt)} ? "
+                              f"{_f(-1, dt)} : {_f(0, dt)})", False),
+    "Sigmoid": (lambda a, n, dt: f"sigmoid({a})", True),
+    "Tanh": (lambda a, n, dt: f"tanh({a})", True),
+    "Erf": (lambda a, n, dt: f"erf({a})", True),
+    "Exp": (lambda a, n, dt: f"exp({a})", True),
+    "Log": (lambda a, n, dt: f"log({a})", True),
+    "Sqrt": (lambda a, n, dt: f"sqrt({a})", True),
+    "Reciprocal": (lambda a, n, dt: f"{_f(1, dt)} / {a}", True),
+    "Floor": (lambda a, n, dt: f"floor({a})", True),
+    "Ceil": (lambda a, n, dt: f"ceil({a})", True),
+    "Round": (lambda a, n, dt: f"round({a})", True),
+    "Sin": (lambda a, n, dt: f"sin({a})", True),
+    "Cos": (lambda a, n, dt: f"cos({a})", True),
+    "Tan": (lambda a, n, dt: f"tan({a})", True),
+    "Asin": (lambda a, n, dt: f"asin({a})", True),
+    "Acos": (lambda a, n, dt: f"acos({a})", True),
+    "Atan": (lambda a, n, dt: f"atan({a})", True),
+    "Sinh": (lambda a, n, dt: f"sinh({a})", True),
+    "Cosh": (lambda a, n, dt: f"cosh({a})", True),
+    "Asinh": (lambda a, n, dt: f"asinh({a})", True),
+    "Acosh": (lambda a, n, dt: f"acosh({a})", True),
+    "Atanh": (lambda a, n, dt: f"atanh({a})", True),
+    "Softsign": (lambda a, n, dt: f"{a} / ({_f(1, dt)} + abs({a}))", True),
+    "Softplus": (lambda a, n, dt: f"{a} > {_f(0, dt)} ? {a} + log1p(exp(-{a})) : "
+                                  f"log1p(exp({a}))", True),
+    "Mish": (lambda a, n, dt: f"{a} * tanh({a} > {_f(0, dt)} ? {a} + log1p(exp(-{a})) : "
+                              f"log1p(exp({a})))", True),
+    "LeakyRelu": (lambda a, n, dt: f"{a} < {_f(0, dt)} ? {a} * "
+                                   f"{_f(n.attr('alpha', 0.01), dt)} : {a}", True),
+    "ThresholdedRelu": (lambda a, n, dt: f"{a} > {_f(n.attr('alpha', 1.0), dt)} ? {a} : "
+                                         f"{_f(0, dt)}", True),
+    "Elu": (lambda a, n, dt: f"{a} < {_f(0, dt)} ? {_f(n.attr('alpha', 1.0), dt)} * "
+                             f"expm1({a}) : {a}", True),
+    "Selu": (lambda a, n, dt: f"{_f(n.attr('gamma', 1.05070102214813232421875), dt)} * "
+                              f"({a} > {_f(0, dt)} ? {a} : "
+                              f"{_f(n.attr('alpha', 1.67326319217681884765625), dt)} * "
+                              f"expm1({a}))", True),
+    "Celu": (lambda a, n, dt: f"max({_f(0, dt)}, {a}) + min({_f(0, dt)}, "
+                              f"{_f(n.attr('alpha', 1.0), dt)} * expm1({a} / "
+                              f"{_f(n.attr('alpha', 1.0), dt)}))", True),
+    "HardSigmoid": (lambda a, n, dt: f"max({_f(0, dt)}, min({_f(1, dt)}, "
+                                     f"{_f(n.attr('alpha', 0.2), dt)} * {a} + "
+                                     f"{_f(n.attr('beta', 0.5), dt)}))", True),
+    "HardSwish": (lambda a, n, dt: f"{a} * max({_f(0, dt)}, min({_f(1, dt)}, "
+                                   f"{a} * {_f(1.0 / 6.0, dt)} + {_f(0.5, dt)}))", True),
+    "IsNaN": (lambda a, n, dt: f"{a} != {a}", True),
+}
+for _op, (_tmpl, _float_only) in UNARY.items():
+    register(_op)(_unary(_tmpl, _float_only))
+
+
+@register("IsInf")
+def isinf(node: Node, ctx: LowerContext) -> Lowered:
+    dt = require_float(node, ctx, node.inputs[0])
+    big = _f(float(np.finfo(np.float32 if dt == "float32" else np.float64).max), dt)
+    pos, neg = node.attr("detect_positive", 1), node.attr("detect_negative", 1)
+    conds = ([f"{{a}} > {big}"] if pos else []) + ([f"{{a}} < -{big}"] if neg else [])
+    if not conds:
+        return elementwise(node, ctx, lambda a: f"{a} != {a} && {a} == {a}",
+                           inputs=node.inputs[:1])
+    return elementwise(node, ctx, lambda a: " || ".join(c.format(a=a) for c in conds),
+                       inputs=node.inputs[:1])
+
+
+@register("Gelu")
+def gelu(node: Node, ctx: LowerContext) -> Lowered:
+    dt = require_float(node, ctx, node.inputs[0])
+    approx = node.attr("approximate", "none")
+    if approx == "tanh":
+        k = _f(math.sqrt(2.0 / math.pi), dt)
+        return elementwise(node, ctx, lambda a: f"{_f(0.5, dt)} * {a} * ({_f(1, dt)} + tanh("
+                           f"{k} * ({a} + {_f(0.044715, dt)} * {a} * {a} * {a})))")
+    if approx != "none":
+        raise unsupported(node, f"attribute approximate={approx!r} (supported: 'none', "
+                                f"'tanh')")
+    return elementwise(node, ctx, lambda a: f"{_f(0.5, dt)} * {a} * ({_f(1, dt)} + erf("
+                       f"{a} * {_f(1.0 / math.sqrt(2.0), dt)}))")
+
+
+@register("PRelu")
+def prelu(node: Node, ctx: LowerContext) -> Lowered:
+    dt = ctx.dtype(node.inputs[0])
+    return elementwise(node, ctx, lambda a, s: f"{a} < {_f(0, dt)} ? {a} * {s} : {a}")
+
+
+@register("Clip")
+def clip(node: Node, ctx: LowerContext) -> Lowered:
+    out = node.outputs[0]
+    dt = ctx.dtype(out)
+    idx = idx_names(ctx.rank(out))
+    x = operand(ctx, node.inputs[0], idx)
+    lo = hi = None
+    if ctx.graph.opset < 11:
+        if node.attr("min") is not None:
+            lo = lit(node.attr("min"), dt)
+        if node.attr("max") is not None:
+            hi = lit(node.attr("max"), dt)
+    else:
+        for k in (1, 2):
+            if present(node, k):
+                t = node.inputs[k]
+                if ctx.rank(t) != 0 and ctx.shape(t) != (1,):
+                    raise unsupported(node, f"input {t!r} (min/max) must be a scalar, got "
+                                            f"shape {ctx.shape(t)}")
+                v = operand(ctx, t, idx)
+                lo, hi = (v, hi) if k == 1 else (lo, v)
+    # NaN passes through; min > max gives max (as numpy.clip)
+    value, lets = x, []
+    if lo is not None:
+        c = ctx.temp("c")
+        lets.append(f"{c} = {x} < {lo} ? {lo} : {x}")
+        value = c
+    if hi is not None:
+        value = f"{value} > {hi} ? {hi} : {value}"
+    return Lowered([stmt(ctx, out, idx, "=", value, lets)])
+
+
+@register("Cast", "CastLike")
+def cast(node: Node, ctx: LowerContext) -> Lowered:
+    out = node.outputs[0]
+    if node.op_type == "Cast" and node.attr("saturate", 1) != 1:
+        pass  # only meaningful for float8 types, which are rejected at import
+    dt = ctx.dtype(out)
+    return elementwise(node, ctx, lambda a: cast_to(dt, a), inputs=node.inputs[:1])
+
+
+@register("BatchNormalization")
+def batchnorm(node: Node, ctx: LowerContext) -> Lowered:
+    if node.attr("training_mode", 0):
+        raise unsupported(node, "training_mode=1 (only inference is supported)")
+    if node.attr("spatial", 1) != 1:
+        raise unsupported(node, "spatial=0 (per-activation statistics)")
+    for o in node.outputs[1:]:
+        if o:
+            raise unsupported(node, f"output {o!r} (running statistics, training only)")
+    x, out = node.inputs[0], node.outputs[0]
+    dt = require_float(node, ctx, x)
+    rank = ctx.rank(out)
+    idx = idx_names(rank)
+    c = [idx[1]] if rank > 1 else ["0"]
+    scale, bias, mean, var = node.inputs[1:5]
+    eps = _f(node.attr("epsilon", 1e-5), dt)
+
+    def p(t: str) -> str:
+        v = small_const(ctx, t)
+        return lit(v, ctx.dtype(t)) if v is not None else ref(ctx, t, c)
+    value = (f"({ref(ctx, x, idx)} - {p(mean)}) / sqrt({p(var)} + {eps}) * {p(scale)} + "
+             f"{p(bias)}")
+    return Lowered([stmt(ctx, out, idx, "=", value)])
+
+
+# -- MatMul, Gemm -----------------------------------------------------------------------
+
+@register("MatMul")
+def matmul(node: Node, ctx: LowerContext) -> Lowered:
+    a, b = node.inputs[0], node.inputs[1]
+    out = node.outputs[0]
+    ra, rb, ro = ctx.rank(a), ctx.rank(b), ctx.rank(out)
+    if ra == 0 or rb == 0:
+        raise unsupported(node, "MatMul of a rank-0 operand")
+    out_idx = idx_names(ro)
+    nb = ro - (1 if ra > 1 else 0) - (1 if rb > 1 else 0)
+    batch = out_idx[:nb]
+    m = out_idx[nb] if ra > 1 else None
+    n = out_idx[-1] if rb > 1 else None
+    k = "r_k"
+
+    def batch_idx(t: str, core: list[str]) -> list[str]:
+        shape = ctx.shape(t)
+        nbt = len(shape) - len(core)
+        off = nb - nbt
+        return ["0" if shape[d] == 1 else batch[off + d] for d in range(nbt)] + core
+    a_idx = batch_idx(a, [m, k] if m else [k])
+    b_idx = batch_idx(b, [k, n] if n else [k])
+    value = f"{ref(ctx, a, a_idx)} * {ref(ctx, b, b_idx)}"
+    return Lowered([stmt(ctx, out, out_idx, "+=!", value)])
+
+
+@register("Gemm")
+def gemm(node: Node, ctx: LowerContext) -> Lowered:
+    a, b = node.inputs[0], node.inputs[1]
+    out = node.outputs[0]
+    dt = ctx.dtype(out)
+    alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
+    ta, tb = node.attr("transA", 0), node.attr("transB", 0)
+    if ctx.graph.opset < 7 and node.attr("broadcast", 0) == 0 and present(node, 2) \
+            and ctx.shape(node.inputs[2]) != ctx.shape(out):
+        pass  # old Gemm required broadcast=1 for a broadcast C; accept it anyway
+    idx = ["i0", "i1"]
+    a_idx = ["r_k", "i0"] if ta else ["i0", "r_k"]
+    b_idx = ["i1", "r_k"] if tb else ["r_k", "i1"]
+    prod = f"{ref(ctx, a, a_idx)} * {ref(ctx, b, b_idx)}"
+    if alpha != 1.0:
+        prod = f"{lit(alpha, dt)} * {prod}"
+    stmts = []
+    if present(node, 2) and beta != 0.0:
+        c = operand(ctx, node.inputs[2], idx)
+        init = c if beta == 1.0 else f"{lit(beta, dt)} * {c}"
+        if small_const(ctx, node.inputs[2]) is not None:
+            init = cast_to(dt, init)
+        stmts.append(stmt(ctx, out, idx, "=", init))
+        stmts.append(stmt(ctx, out, idx, "+=", prod))
+    else:
+        stmts.append(stmt(ctx, out, idx, "+=!", prod))
+    return Lowered(stmts)
+
+
+# -- reductions -------------------------------------------------------------------------
+
+def reduce_axes(node: Node, ctx: LowerContext) -> list[int] | None:
+    """The reduced axes (normalized, sorted); None: reduce nothing (noop_with_empty_axes)."""
+    x = node.inputs[0]
+    rank = ctx.rank(x)
+    axes_from_input = ctx.graph.opset >= (13 if node.op_type == "ReduceSum" else 18)
+    axes = None
+    if axes_from_input and present(node, 1):
+        c = ctx.const(node.inputs[1])
+        if c is None:
+            raise unsupported(node, "the axes input must be a constant")
+        axes = [int(v) for v in np.asarray(c).reshape(-1)]
+    elif not axes_from_input and node.attr("axes") is not None:
+        axes = [int(v) for v in node.attr("axes")]
+    if not axes:
+        if node.attr("noop_with_empty_axes", 0) and axes_from_input:
+            return None
+        return list(range(rank))
+    return sorted({norm_axis(node, a, rank) for a in axes})
+
+
+@register("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+          "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
+def reduce(node: Node, ctx: LowerContext) -> Lowered:
+    x, out = node.inputs[0], node.outputs[0]
+    op = node.op_type
+    dt = ctx.dtype(out)
+    axes = reduce_axes(node, ctx)
+    rank = ctx.rank(x)
+    xi = idx_names(rank)
+    if axes is None:  # no reduction: the elementwise part only (as onnx's reference)
+        xv = ref(ctx, x, xi)
+        value = {"ReduceL1": f"abs({xv})", "ReduceSumSquare": f"{xv} * {xv}",
+                 "ReduceL2": f"sqrt({xv} * {xv})", "ReduceLogSum": f"log({xv})"}.get(op, xv)
+        return Lowered([stmt(ctx, out, xi, "=", value)])
+    keep = node.attr("keepdims", 1)
+    red = {a: f"r{a}" for a in axes}
+    x_idx = [red.get(d, xi[d]) for d in range(rank)]
+    out_idx = [f"k{d}" if d in red else xi[d] for d in range(rank)] if keep else \
+        [xi[d] for d in range(rank) if d not in red]
+    xv = ref(ctx, x, x_idx)
+    count = int(np.prod([ctx.shape(x)[a] for a in axes]))
+    o = ref(ctx, out, out_idx)
+    if op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+              "ReduceSumSquare"):
+        rop = {"ReduceSum": "+=!", "ReduceMax": "max=!", "ReduceMin": "min=!",
+               "ReduceProd": "*=!", "ReduceL1": "+=!", "ReduceSumSquare": "+=!"}[op]
+        value = {"ReduceL1": f"abs({xv})", "ReduceSumSquare": f"{xv} * {xv}"}.get(op, xv)
+        return Lowered([stmt(ctx, out, out_idx, rop, value)])
+    if op == "ReduceLogSumExp":
+        if dt not in FLOATS:
+            raise unsupported(node, f"dtype {dt} (float only)")
+        mx = ctx.temp("max")
+        kept = [xi[d] for d in range(rank) if d not in red]
+        mshape = [ctx.shape(x)[d] for d in range(rank) if d not in red]
+        mref = f"{mx}({', '.join(kept)})" if kept else mx
+        s = ctx.temp("sum")
+        sref = f"{s}({', '.join(kept)})" if kept else s
+        okept = [o for o in out_idx if not o.startswith("k")] if keep else out_idx
+        m_o = f"{mx}({', '.join(okept)})" if kept else mx
+        s_o = f"{s}({', '.join(okept)})" if kept else s
+        return Lowered([
+            temp_stmt(ctx, mx, kept, mshape, "max=!", xv),
+            temp_stmt(ctx, s, kept, mshape, "+=!", f"exp({xv} - {mref})"),
+            stmt(ctx, out, out_idx, "=", f"log({s_o}) + {m_o}")])
+    # ReduceMean, ReduceL2, ReduceLogSum: a sum, then a function of it
+    value = f"{xv} * {xv}" if op == "ReduceL2" else xv
+    post = {"ReduceMean": f"{o} / {lit(count, dt)}", "ReduceL2": f"sqrt({o})",
+            "ReduceLogSum": f"log({o})"}[op]
+    if op == "ReduceL2" and dt in INTS:
+        post = cast_to(dt, f"sqrt(double({o}))")
+    return Lowered([stmt(ctx, out, out_idx, "+=!", value),
+                    stmt(ctx, out, out_idx, "=", post)])
+
+
+@register("ArgMax", "ArgMin")
+def argmax(node: Node, ctx: LowerContext) -> Lowered:
+    x, out = node.inputs[0], node.outputs[0]
+    rank = ctx.rank(x)
+    axis = norm_axis(node, node.attr("axis", 0), rank)
+    keep = node.attr("keepdims", 1)
+    last = node.attr("select_last_index", 0)
+    xi = idx_names(rank)
+    kept = [xi[d] for d in range(rank) if d != axis]
+    x_idx = [("r" if d == axis else xi[d]) for d in range(rank)]
+    out_idx = [("k" if d == axis else xi[d]) for d in range(rank)] if keep else kept
+    m = ctx.temp("best")
+    mref = f"{m}({', '.join(kept)})" if kept else m
+    mshape = [ctx.shape(x)[d] for d in range(rank) if d != axis]
+    xv = ref(ctx, x, x_idx)
+    n = ctx.shape(x)[axis]
+    pick = "max=!" if node.op_type == "ArgMax" else "min=!"
+    if last:
+        value = f"{xv} == {mref} ? r : -1"
+        iop = "max=!"
+    else:
+        value = f"{xv} == {mref} ? r : {n}"
+        iop = "min=!"
+    return Lowered([temp_stmt(ctx, m, kept, mshape, pick, xv),
+                    stmt(ctx, out, out_idx, iop, value)])
+
+
+# -- softmax and normalizations ----------------------------------------------------------
+
+def _split(shape: Sequence[int], axes: Sequence[int], prefix: str = "i"
+           ) -> tuple[list[str], list[str], list[str], list[int]]:
+    """(full indices, indices with reduced axes as r*, kept indices, kept shape)."""
+    full = idx_names(len(shape), prefix)
+    red = [f"r{d}" if d in axes else full[d] for d in range(len(shape))]
+    kept = [full[d] for d in range(len(shape)) if d not in axes]
+    kshape = [shape[d] for d in range(len(shape)) if d not in axes]
+    return full, red, kept, kshape
+
+
+def _tref(name: str, idx: Sequence[str]) -> str:
+    return f"{name}({', '.join(idx)})" if len(idx) else name
+
+
+@register("Softmax", "LogSoftmax")
+def softmax(node: Node, ctx: LowerContext) -> Lowered:
+    x, out = node.inputs[0], node.outputs[0]
+    dt = require_float(node, ctx, x)
+    shape = ctx.shape(x)
+    rank = len(shape)
+    if rank == 0:
+        raise unsupported(node, "rank-0 input")
+    if ctx.graph.opset >= 13:
+        axes = [norm_axis(node, node.attr("axis", -1), rank)]
+    else:  # coerced to 2-D at axis: normalize over every trailing dimension
+        a = norm_axis(node, node.attr("axis", 1), rank)
+        axes = list(range(a, rank))
+    full, red, kept, kshape = _split(shape, axes)
+    mx, s = ctx.temp("max"), ctx.temp("sum")
+    xr, xf = ref(ctx, x, red), ref(ctx, x, full)
+    stmts = [temp_stmt(ctx, mx, kept, kshape, "max=!", xr),
+             temp_stmt(ctx, s, kept, kshape, "+=!", f"exp({xr} - {_tref(mx, kept)})")]
+    if node.op_type == "Softmax":
+        value = f"exp({xf} - {_tref(mx, kept)}) / {_tref(s, kept)}"
+    else:
+        value = f"{xf} - {_tref(mx, kept)} - log({_tref(s, kept)})"
+    stmts.append(stmt(ctx, out, full, "=", value))
+    del dt
+    return Lowered(stmts)
+
+
+@register("Hardmax")
+def hardmax(node: Node, ctx: LowerContext) -> Lowered:
+    x, out = node.inputs[0], node.outputs[0]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    dt = ctx.dtype(out)
+    if ctx.graph.opset < 13:
+        raise unsupported(node, "Hardmax before opset 13 (coerced to 2-D)")
+    axis = norm_axis(node, node.attr("axis", -1), rank)
+    full, red, kept, kshape = _split(shape, [axis])
+    mx, first = ctx.temp("max"), ctx.temp("first")
+    xr = ref(ctx, x, red)
+    return Lowered([
+        temp_stmt(ctx, mx, kept, kshape, "max=!", xr),
+        temp_stmt(ctx, first, kept, kshape, "min=!",
+                  f"{xr} == {_tref(mx, kept)} ? r{axis} : {shape[axis]}"),
+        stmt(ctx, out, full, "=", f"{full[axis]} == {_tref(first, kept)} ? {lit(1, dt)} : "
+                                  f"{lit(0, dt)}")])
+
+
+def _norm_stats(ctx: LowerContext, x: str, axes: list[int], dt: str
+                ) -> tuple[list[str], str, str, list[str], list[str]]:
+    """Statements computing mean and 1/sqrt(var + eps) placeholders over ``axes``:
+    returns (statements, mean name, var name, kept indices, full indices)."""
+    shape = ctx.shape(x)
+    full, red, kept, kshape = _split(shape, axes)
+    count = int(np.prod([shape[a] for a in axes]))
+    s, mu, v = ctx.temp("sum"), ctx.temp("mean"), ctx.temp("var")
+    xr = ref(ctx, x, red)
+    stmts = [temp_stmt(ctx, s, kept, kshape, "+=!", xr),
+             temp_stmt(ctx, mu, kept, kshape, "=", f"{_tref(s, kept)} / {lit(count, dt)}")]
+    d = ctx.temp("d")
+    stmts.append(temp_stmt(ctx, v, kept, kshape, "+=!", f"{d} * {d}",
+                           lets=[f"{d} = {xr} - {_tref(mu, kept)}"]))
+    return stmts, mu, v, kept, full
+
+
+@register("LayerNormalization")
+def layernorm(node: Node, ctx: LowerContext) -> Lowered:
+    x = node.inputs[0]
+    dt = require_float(node, ctx, x)
+    shape = ctx.shape(x)
+    rank = len(shape)
+    axis = norm_axis(node, node.attr("axis", -1), rank)
+    axes = list(range(axis, rank))
+    eps = lit(node.attr("epsilon", 1e-5), dt)
+    count = int(np.prod([shape[a] for a in axes]))
+    stmts, mu, var, kept, full = _norm_stats(ctx, x, axes, dt)
+    inv = ctx.temp("inv")
+    kshape = [shape[d] for d in range(rank) if d not in axes]
+    stmts.append(temp_stmt(ctx, inv, kept, kshape, "=",
+                           f"{lit(1, dt)} / sqrt({_tref(var, kept)} / {lit(count, dt)} + {eps})"))
+    outs = list(node.outputs) + ["", "", ""]
+    y = outs[0]
+    value = f"({ref(ctx, x, full)} - {_tref(mu, kept)}) * {_tref(inv, kept)}"
+    if present(node, 1):
+        value = f"{value} * {operand(ctx, node.inputs[1], full)}"
+    if present(node, 2):
+        value = f"{value} + {operand(ctx, node.inputs[2], full)}"
+    if y:
+        stmts.append(stmt(ctx, y, full, "=", value))
+    stat_idx = [f"k{d}" if d in axes else full[d] for d in range(rank)]
+    if outs[1]:
+        stmts.append(stmt(ctx, outs[1], stat_idx, "=", _tref(mu, kept)))
+    if outs[2]:
+        stmts.append(stmt(ctx, outs[2], stat_idx, "=", _tref(inv, kept)))
+    for o in outs[1:3]:
+        if o and ctx.dtype(o) != dt:
+            raise unsupported(node, f"stash_type giving output {o!r} dtype {ctx.dtype(o)}")
+    return Lowered(stmts)
+
+
+@register("InstanceNormalization")
+def instancenorm(node: Node, ctx: LowerContext) -> Lowered:
+    x, out = node.inputs[0], node.outputs[0]
+    dt = require_float(node, ctx, x)
+    shape = ctx.shape(x)
+    rank = len(shape)
+    if rank < 3:
+        raise unsupported(node, f"input rank {rank} (expected N, C, spatial...)")
+    axes = list(range(2, rank))
+    count = int(np.prod([shape[a] for a in axes]))
+    eps = lit(node.attr("epsilon", 1e-5), dt)
+    stmts, mu, var, kept, full = _norm_stats(ctx, x, axes, dt)
+    c = [full[1]]
+
+    def p(t: str) -> str:
+        v = small_const(ctx, t)
+        return lit(v, ctx.dtype(t)) if v is not None else ref(ctx, t, c)
+    value = (f"({ref(ctx, x, full)} - {_tref(mu, kept)}) / sqrt({_tref(var, kept)} / "
+             f"{lit(count, dt)} + {eps}) * {p(node.inputs[1])} + {p(node.inputs[2])}")
+    stmts.append(stmt(ctx, out, full, "=", value))
+    return Lowered(stmts)
+
+
+@register("LRN")
+def lrn(node: Node, ctx: LowerContext) -> Lowered:
+    x, out = node.inputs[0], node.outputs[0]
+    dt = require_float(node, ctx, x)
+    shape = ctx.shape(x)
+    rank = len(shape)
+    if rank < 3:
+        raise unsupported(node, f"input rank {rank} (expected N, C, spatial...)")
+    size = node.attr("size")
+    if size is None or size < 1:
+        raise unsupported(node, "missing or invalid attribute size")
+    alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
+    lo = (size - 1) // 2
+    full = idx_names(rank)
+    c = full[1]
+    ch = f"{c} + j - {lo}" if lo else f"{c} + j"
+    shifted = [ch if d == 1 else full[d] for d in range(rank)]
+    sq = ctx.temp("sq")
+    xs = ref(ctx, x, shifted)
+    guard = f"{ch} >= 0 && {ch} < {shape[1]}"
+    stmts = [temp_stmt(ctx, sq, full, shape, "+=!", f"{guard} ? {xs} * {xs} : {lit(0, dt)}")
+             .replace(" where ", f" where j in 0:{size}, ", 1)]
+    value = (f"{ref(ctx, x, full)} / pow({lit(bias, dt)} + {lit(alpha / size, dt)} * "
+             f"{_tref(sq, full)}, {lit(beta, dt)})")
+    stmts.append(stmt(ctx, out, full, "=", value))
+    return Lowered(stmts)

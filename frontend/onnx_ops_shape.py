@@ -1,0 +1,708 @@
+"""Lowerings of ONNX shape and data-movement ops (see :mod:`.onnx_graph` for the contract).
+
+Every statement ranges each of its indices explicitly (``where i0 in 0:7, ...``) over
+the output's shape, as the graph's shape inference gives it, so that a lowering never
+depends on TC range inference and a temporary output gets the right shape from its
+first statement. Reads that may leave their tensor sit under a guard (``c ? X(...) :
+v``) or use an index clamped into the tensor.
+
+* views (no code): Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout (inference;
+  a used ``mask`` output or ``training_mode`` = true is unsupported);
+* Transpose, Concat (guarded reads over the output range), Split, Slice (constant
+  starts/ends/axes/steps, negative and clamped values, negative steps), Gather (see
+  :func:`gather`: runtime indices wrap and are clamped into the tensor), Pad (constant,
+  reflect, edge, wrap), Resize / Upsample (nearest: every ``nearest_mode``; linear:
+  n-linear over the resized axes; coordinate modes half_pixel, half_pixel_symmetric,
+  pytorch_half_pixel, asymmetric, align_corners, tf_half_pixel_for_nn; constant scales
+  or sizes), Expand, Tile, Shape, Size, ConstantOfShape, Constant (Cast is in
+  :mod:`.onnx_ops_math`).
+
+Non-affine indices (Gather with runtime indices, Pad reflect/edge, Resize) are
+accepted by the TC frontend with ``from_tc(..., allow_indirect=True)``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+
+import numpy as np
+
+from .onnx_graph import LowerContext, Lowered, Node, UnsupportedOpError, View, \
+    literal, register
+
+#: TC type name of each polyc dtype (casts and declarations)
+TC_TYPE = {"float32": "float", "float64": "double", "int32": "int32", "int64": "int64",
+           "bool": "bool"}
+
+
+# -- helpers shared with onnx_ops_nn ------------------------------------------------------
+
+def unsupported(node: Node, what: str) -> UnsupportedOpError:
+    """An error naming the node, its op type and what is not supported."""
+    return UnsupportedOpError(f"node {node.name!r} ({node.op_type}): {what}")
+
+
+def check_dtype(node: Node, ctx: LowerContext, tensor: str,
+                allowed: Sequence[str] = tuple(TC_TYPE)) -> str:
+    dt = ctx.dtype(tensor)
+    if dt not in allowed:
+        raise unsupported(node, f"dtype {dt} of {tensor!r} is not supported "
+                                f"(supported: {', '.join(allowed)})")
+    return dt
+
+
+def check_nonempty(node: Node, ctx: LowerContext, *tensors: str) -> None:
+    for t in tensors:
+        if t and any(d == 0 for d in ctx.shape(t)):
+            raise unsupported(node, f"tensor {t!r} has an empty shape {ctx.shape(t)}; "
+                                    f"polyc needs every extent >= 1")
+
+
+def lhs(name: str, idx: Sequence[str]) -> str:
+    """``Y(i0, i1)`` (``Y`` for a rank-0 tensor)."""
+    return f"{name}({', '.join(idx)})" if idx else name
+
+
+def read(name: str, idx: Sequence[str]) -> str:
+    return lhs(name, idx)
+
+
+def where(ranges: Sequence[tuple[str, int | str, int | str]]) -> str:
+    """`` where i0 in 0:3, k in 0:5`` (empty for no ranges)."""
+    if not ranges:
+        return ""
+    return " where " + ", ".join(f"{i} in {lo}:{hi}" for i, lo, hi in ranges)
+
+
+def out_ranges(idx: Sequence[str], shape: Sequence[int]) -> list[tuple[str, int, int]]:
+    return [(i, 0, d) for i, d in zip(idx, shape)]
+
+
+def names(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}{d}" for d in range(n)]
+
+
+def typed_literal(value: float | int | bool, dtype: str) -> str:
+    """A literal of exactly ``dtype`` (TC's untyped literals are float32 or int32)."""
+    text = literal(value, dtype)
+    if dtype in ("float32", "int32"):
+        return text if not text.startswith("-") else f"({text})"
+    return f"{TC_TYPE[dtype]}({text})"
+
+
+def affine(terms: Sequence[tuple[int, str]], const: int = 0) -> str:
+    """``2*h + kh - 1`` from ``[(2, "h"), (1, "kh")]`` and ``-1`` (zero terms dropped)."""
+    out = ""
+    for c, v in terms:
+        if c == 0:
+            continue
+        t = v if abs(c) == 1 else f"{abs(c)}*{v}"
+        if not out:
+            out = t if c > 0 else f"-{t}"
+        else:
+            out += f" + {t}" if c > 0 else f" - {t}"
+    if not out:
+        return str(const)
+    if const > 0:
+        out += f" + {const}"
+    elif const < 0:
+        out += f" - {-const}"
+    return out
+
+
+def axis_attr(node: Node, rank: int, key: str = "axis", default: int = 0) -> int:
+    a = int(node.attr(key, default))
+    if not -rank <= a < max(rank, 1):
+        raise unsupported(node, f"{key}={a} is out of range for rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def const_input(node: Node, ctx: LowerContext, i: int, what: str) -> np.ndarray | None:
+    """The constant value of optional input ``i`` (None if omitted); error if not constant."""
+    if i >= len(node.inputs) or not node.inputs[i]:
+        return None
+    v = ctx.const(node.inputs[i])
+    if v is None:
+        raise unsupported(node, f"input {i} ({what}) must be a constant (an initializer or "
+                                f"a folded value); polyc needs static shapes and parameters")
+    return np.asarray(v)
+
+
+def ints_param(node: Node, ctx: LowerContext, i: int, attr: str, what: str
+               ) -> list[int] | None:
+    """An int list given as input ``i`` (newer opsets) or as attribute ``attr`` (older)."""
+    v = const_input(node, ctx, i, what)
+    if v is not None:
+        return [int(x) for x in v.reshape(-1)]
+    a = node.attr(attr)
+    return None if a is None else [int(x) for x in a]
+
+
+def output_used(ctx: LowerContext, tensor: str) -> bool:
+    if not tensor:
+        return False
+    if tensor in ctx.graph.outputs:
+        return True
+    return any(tensor in n.inputs for n in ctx.graph.nodes)
+
+
+def const_table(index: str, values: Sequence[int | float | bool], dtype: str) -> str:
+    """An expression of ``index`` worth ``values[index]`` (a chain of ``?:``)."""
+    vals = list(values)
+    if len(set(vals)) == 1:
+        return typed_literal(vals[0], dtype)
+    expr = typed_literal(vals[-1], dtype)
+    for k in range(len(vals) - 2, -1, -1):
+        expr = f"({index} == {k} ? {typed_literal(vals[k], dtype)} : {expr})"
+    return expr
+
+
+# -- views ------------------------------------------------------------------------------
+
+@register("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+def view(node: Node, ctx: LowerContext) -> View:
+    """The output is the input, re-viewed (row-major): graph tensor names, no code."""
+    if ctx.dtype(node.inputs[0]) != ctx.dtype(node.outputs[0]):
+        raise unsupported(node, "input and output dtypes differ")
+    return View(node.outputs[0], node.inputs[0])
+
+
+@register("Dropout")
+def dropout(node: Node, ctx: LowerContext) -> View:
+    """Inference Dropout is the identity. The ``mask`` output and training are unsupported."""
+    if len(node.outputs) > 1 and output_used(ctx, node.outputs[1]):
+        raise unsupported(node, "the mask output is not supported (inference only: "
+                                "supported is Dropout with only its first output used)")
+    if len(node.inputs) > 2 and node.inputs[2]:
+        mode = ctx.const(node.inputs[2])
+        if mode is None or bool(np.asarray(mode).reshape(-1)[0]):
+            raise unsupported(node, "training_mode must be a constant false (inference only)")
+    if node.attr("is_test", 1) == 0 and ctx.graph.opset < 7:
+        raise unsupported(node, "is_test=0 (training) is not supported")
+    return View(node.outputs[0], node.inputs[0])
+
+
+# -- data movement ----------------------------------------------------------------------
+
+@register("Transpose")
+def transpose(node: Node, ctx: LowerContext) -> Lowered:
+    x, y = node.inputs[0], node.outputs[0]
+    check_nonempty(node, ctx, x)
+    r = ctx.rank(x)
+    perm = [int(p) for p in node.attr("perm", list(range(r - 1, -1, -1)))]
+    if sorted(p % r if r else p for p in perm) != list(range(r)):
+        raise unsupported(node, f"perm={perm} is not a permutation of 0..{r - 1}")
+    perm = [p % r for p in perm]
+    idx = names("i", r)
+    src = [""] * r
+    for d, p in enumerate(perm):
+        src[p] = idx[d]
+    return Lowered([f"{lhs(ctx.name(y), idx)} = {read(ctx.name(x), src)}"
+                    f"{where(out_ranges(idx, ctx.shape(y)))}"])
+
+
+@register("Concat")
+def concat(node: Node, ctx: LowerContext) -> Lowered:
+    """One statement over the output; input k is read under ``i < offset(k+1)`` guards."""
+    y = node.outputs[0]
+    ins = [t for t in node.inputs if t and all(ctx.shape(t))]  # drop empty inputs
+    if not ins:
+        raise unsupported(node, "every input is empty")
+    check_nonempty(node, ctx, y)
+    r = ctx.rank(y)
+    a = axis_attr(node, r)
+    idx = names("i", r)
+    offsets = [0]
+    for t in ins:
+        offsets.append(offsets[-1] + ctx.shape(t)[a])
+
+    def part(k: int) -> str:
+        src = list(idx)
+        src[a] = affine([(1, idx[a])], -offsets[k])
+        return read(ctx.name(ins[k]), src)
+
+    expr = part(len(ins) - 1)
+    for k in range(len(ins) - 2, -1, -1):
+        expr = f"{idx[a]} < {offsets[k + 1]} ? {part(k)} : {expr}" if k == len(ins) - 2 \
+            else f"{idx[a]} < {offsets[k + 1]} ? {part(k)} : ({expr})"
+    return Lowered([f"{lhs(ctx.name(y), idx)} = {expr}{where(out_ranges(idx, ctx.shape(y)))}"])
+
+
+@register("Split")
+def split(node: Node, ctx: LowerContext) -> Lowered:
+    """Output k reads its slab of the input; the sizes are the outputs' inferred shapes."""
+    x = node.inputs[0]
+    r = ctx.rank(x)
+    a = axis_attr(node, r)
+    sizes = [ctx.shape(o)[a] for o in node.outputs]
+    given = ints_param(node, ctx, 1, "split", "split")
+    if given is not None and given != sizes:
+        raise unsupported(node, f"split sizes {given} disagree with the output shapes {sizes}")
+    if sum(sizes) > ctx.shape(x)[a]:
+        raise unsupported(node, f"split sizes {sizes} exceed the axis extent {ctx.shape(x)[a]}")
+    idx = names("i", r)
+    stmts, off = [], 0
+    for o, n in zip(node.outputs, sizes):
+        if o and n > 0:
+            src = list(idx)
+            src[a] = affine([(1, idx[a])], off)
+            stmts.append(f"{lhs(ctx.name(o), idx)} = {read(ctx.name(x), src)}"
+                         f"{where(out_ranges(idx, ctx.shape(o)))}")
+        off += n
+    return Lowered(stmts)
+
+
+def slice_params(node: Node, ctx: LowerContext) -> list[tuple[int, int]]:
+    """(start, step) of each input axis, after ONNX's normalisation and clamping."""
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    r = len(shape)
+    if ctx.graph.opset >= 10 or len(node.inputs) > 1:
+        starts = ints_param(node, ctx, 1, "starts", "starts")
+        ends = ints_param(node, ctx, 2, "ends", "ends")
+        axes = ints_param(node, ctx, 3, "axes", "axes")
+        steps = ints_param(node, ctx, 4, "steps", "steps")
+    else:
+        starts, ends, axes, steps = (node.attr(k) for k in ("starts", "ends", "axes", "steps"))
+    if starts is None or ends is None:
+        raise unsupported(node, "starts and ends are required")
+    axes = list(range(len(starts))) if axes is None else [int(v) for v in axes]
+    steps = [1] * len(starts) if steps is None else [int(v) for v in steps]
+    params = [(0, 1)] * r
+    for s, e, ax, st in zip(starts, ends, axes, steps):
+        ax = ax + r if ax < 0 else ax
+        if not 0 <= ax < r:
+            raise unsupported(node, f"axis {ax} out of range for rank {r}")
+        if st == 0:
+            raise unsupported(node, "a step of 0")
+        # Python's slice semantics are ONNX's: negatives count from the end, then clamp
+        start, _stop, step = slice(int(s), int(e), st).indices(shape[ax])
+        params[ax] = (start, step)
+    return params
+
+
+@register("Slice")
+def slice_op(node: Node, ctx: LowerContext) -> Lowered:
+    x, y = node.inputs[0], node.outputs[0]
+    params = slice_params(node, ctx)
+    check_nonempty(node, ctx, x, y)
+    idx = names("i", ctx.rank(x))
+    src = [affine([(step, i)], start) for i, (start, step) in zip(idx, params)]
+    return Lowered([f"{lhs(ctx.name(y), idx)} = {read(ctx.name(x), src)}"
+                    f"{where(out_ranges(idx, ctx.shape(y)))}"])
+
+
+@register("Gather")
+def gather(node: Node, ctx: LowerContext) -> Lowered:
+    """``Y[a.., q.., b..] = X[a.., I[q..], b..]``.
+
+    Constant indices forming an arithmetic progression (a scalar, a range, a strided
+    range) become an affine index. Other indices are read at run time (an indirect read):
+    a negative index wraps (``i + D``), and every index is then clamped into ``[0, D)``,
+    so that no out-of-bounds access can happen whatever the data (an out-of-range index is
+    an error in ONNX; polyc reads the nearest element instead of failing).
+    """
+    x, ind, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    check_nonempty(node, ctx, x, ind, y)
+    check_dtype(node, ctx, ind, ("int32", "int64"))
+    r = ctx.rank(x)
+    a = axis_attr(node, r)
+    D = ctx.shape(x)[a]
+    qr = ctx.rank(ind)
+    yi = names("i", ctx.rank(y))
+    pre, q, post = yi[:a], yi[a:a + qr], yi[a + qr:]
+    value = ctx.const(ind)
+    index: str
+    if value is not None:
+        v = np.asarray(value).reshape(-1).astype(np.int64)
+        if ((v < -D) | (v >= D)).any():
+            raise unsupported(node, f"constant indices out of range [-{D}, {D}): {v.tolist()}")
+        v = np.where(v < 0, v + D, v)
+        strides = np.diff(v)
+        qshape = ctx.shape(ind)
+        if len(v) == 1:
+            index = str(int(v[0]))
+        elif (strides == strides[0]).all() and sum(d > 1 for d in qshape) == 1:
+            j = q[[k for k, d in enumerate(qshape) if d > 1][0]]
+            index = affine([(int(strides[0]), j)], int(v[0]))
+        else:
+            value = None
+    if value is None:
+        raw = read(ctx.name(ind), q)
+        wrapped = f"({raw} < 0 ? {raw} + {D} : {raw})"
+        index = f"min(max({wrapped}, 0), {D - 1})"
+    return Lowered([f"{lhs(ctx.name(y), yi)} = {read(ctx.name(x), pre + [index] + post)}"
+                    f"{where(out_ranges(yi, ctx.shape(y)))}"])
+
+
+@register("Pad")
+def pad(node: Node, ctx: LowerContext) -> Lowered:
+    """Modes constant (guarded reads), edge (clamped index), reflect and wrap."""
+    x, y = node.inputs[0], node.outputs[0]
+    check_nonempty(node, ctx, x, y)
+    dt = ctx.dtype(x)
+    shape = ctx.shape(x)
+    r = len(shape)
+    mode = node.attr("mode", "constant")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise unsupported(node, f"mode={mode!r} (supported: constant, reflect, edge, wrap)")
+    if ctx.graph.opset >= 11 or len(node.inputs) > 1:
+        pads = ints_param(node, ctx, 1, "pads", "pads")
+        axes = ints_param(node, ctx, 3, "axes", "axes")
+    else:
+        pads = [int(p) for p in node.attr("pads", node.attr("paddings", []))]
+        axes = None
+    if pads is None:
+        raise unsupported(node, "pads are required")
+    axes = list(range(r)) if axes is None else [a + r if a < 0 else a for a in axes]
+    if len(pads) != 2 * len(axes):
+        raise unsupported(node, f"{len(pads)} pads for {len(axes)} axes")
+    begin = [0] * r
+    for k, a in enumerate(axes):
+        begin[a] = pads[k]
+    # the fill value: an input (constant or not) or the `value` attribute
+    fill = typed_literal(node.attr("value", 0.0) if dt.startswith("float")
+                         else int(node.attr("value", 0)), dt)
+    if len(node.inputs) > 2 and node.inputs[2]:
+        cv = ctx.const(node.inputs[2])
+        if cv is not None:
+            cv = np.asarray(cv).reshape(-1)
+            fill = typed_literal(cv[0].item() if cv.size else 0, dt)
+        else:
+            c = node.inputs[2]
+            fill = read(ctx.name(c), ["0"] * ctx.rank(c))
+    idx = names("i", r)
+    out_shape = ctx.shape(y)
+    src, guards = [], []
+    for d in range(r):
+        D, p, i = shape[d], begin[d], idx[d]
+        s = affine([(1, i)], -p)
+        lo_out, hi_out = p > 0, out_shape[d] - 1 - p > D - 1
+        if not (lo_out or hi_out):
+            src.append(s)
+            continue
+        if mode == "constant":
+            src.append(s)
+            if lo_out:
+                guards.append(f"{s} >= 0")
+            if hi_out:
+                guards.append(f"{s} < {D}")
+        elif mode == "edge":
+            e = s
+            if lo_out:
+                e = f"max({e}, 0)"
+            if hi_out:
+                e = f"min({e}, {D - 1})"
+            src.append(e)
+        elif mode == "wrap":
+            src.append(f"({affine([(1, i)], -p + D * (p // D + 1))}) % {D}")
+        else:  # reflect: one reflection at each end
+            if p > D - 1 or out_shape[d] - p - D > D - 1:
+                raise unsupported(node, f"reflect padding wider than the axis extent minus "
+                                        f"one ({D - 1}) on axis {d}")
+            e = s
+            if hi_out:
+                e = f"({s} >= {D} ? {affine([(-1, i)], 2 * (D - 1) + p)} : {e})"
+            if lo_out:
+                e = f"({s} < 0 ? {affine([(-1, i)], p)} : {e})"
+            src.append(e)
+    body = read(ctx.name(x), src)
+    if guards:
+        body = f"({' && '.join(guards)}) ? {body} : {fill}"
+    return Lowered([f"{lhs(ctx.name(y), idx)} = {body}{where(out_ranges(idx, out_shape))}"])
+
+
+@register("Expand")
+def expand(node: Node, ctx: LowerContext) -> Lowered:
+    x, y = node.inputs[0], node.outputs[0]
+    check_nonempty(node, ctx, x, y)
+    ys, xs = ctx.shape(y), ctx.shape(x)
+    idx = names("i", len(ys))
+    off = len(ys) - len(xs)
+    src = ["0" if xs[d] == 1 and ys[d + off] != 1 else idx[d + off] for d in range(len(xs))]
+    return Lowered([f"{lhs(ctx.name(y), idx)} = {read(ctx.name(x), src)}"
+                    f"{where(out_ranges(idx, ys))}"])
+
+
+@register("Tile")
+def tile(node: Node, ctx: LowerContext) -> Lowered:
+    x, y = node.inputs[0], node.outputs[0]
+    check_nonempty(node, ctx, x, y)
+    ys, xs = ctx.shape(y), ctx.shape(x)
+    idx = names("i", len(ys))
+    src = [i if dy == dx else f"{i} % {dx}" for i, dy, dx in zip(idx, ys, xs)]
+    return Lowered([f"{lhs(ctx.name(y), idx)} = {read(ctx.name(x), src)}"
+                    f"{where(out_ranges(idx, ys))}"])
+
+
+# -- shapes and constants --------------------------------------------------------------
+
+def _fill(node: Node, ctx: LowerContext, y: str, values: np.ndarray) -> Lowered:
+    """``y`` holds the constant ``values`` (a literal, or a ``?:`` table for few values)."""
+    check_nonempty(node, ctx, y)
+    dt = check_dtype(node, ctx, y)
+    shape = ctx.shape(y)
+    idx = names("i", len(shape))
+    flat = values.reshape(-1)
+    if flat.size != int(np.prod(shape, dtype=np.int64)):
+        raise unsupported(node, f"value of {flat.size} elements for shape {shape}")
+    if len(set(flat.tolist())) > 1 and flat.size > 256:
+        raise unsupported(node, f"a constant of {flat.size} distinct values is not lowered "
+                                f"to code; it must be a weight (constant folding)")
+    lin = affine([(int(np.prod(shape[d + 1:], dtype=np.int64)), i) for d, i in enumerate(idx)])
+    expr = const_table(f"({lin})" if len(idx) > 1 else lin, flat.tolist(), dt)
+    return Lowered([f"{lhs(ctx.name(y), idx)} = {expr}{where(out_ranges(idx, shape))}"])
+
+
+@register("Shape")
+def shape_op(node: Node, ctx: LowerContext) -> Lowered:
+    s = list(ctx.shape(node.inputs[0]))
+    start, end = node.attr("start", 0), node.attr("end", None)
+    return _fill(node, ctx, node.outputs[0], np.array(s[slice(start, end)], dtype=np.int64))
+
+
+@register("Size")
+def size_op(node: Node, ctx: LowerContext) -> Lowered:
+    n = int(np.prod(ctx.shape(node.inputs[0]), dtype=np.int64))
+    return _fill(node, ctx, node.outputs[0], np.array(n, dtype=np.int64))
+
+
+@register("ConstantOfShape")
+def constant_of_shape(node: Node, ctx: LowerContext) -> Lowered:
+    v = node.attr("value")
+    v = np.zeros(1, np.float32) if v is None else np.asarray(v).reshape(-1)
+    y = node.outputs[0]
+    return _fill(node, ctx, y, np.full(ctx.shape(y), v[0].item()))
+
+
+@register("Constant")
+def constant(node: Node, ctx: LowerContext) -> Lowered:
+    y = node.outputs[0]
+    value = ctx.const(y)
+    if value is None:
+        for key in ("value", "value_float", "value_int", "value_floats", "value_ints"):
+            if node.attr(key) is not None:
+                value = node.attr(key)
+                break
+    if value is None:
+        raise unsupported(node, "only value, value_float(s) and value_int(s) are supported")
+    return _fill(node, ctx, y, np.asarray(value))
+
+
+# -- Resize / Upsample --------------------------------------------------------------------
+
+_COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "asymmetric",
+                "align_corners", "tf_half_pixel_for_nn")
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _str_attr(node: Node, key: str, default: str) -> str:
+    v = node.attr(key, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _source_coords(mode: str, n_in: int, n_out: int, scale: float) -> np.ndarray:
+    """ONNX's source coordinate of each output index (float64, as the reference computes)."""
+    y = np.arange(n_out, dtype=np.float64)
+    width = scale * n_in
+    if mode == "align_corners":
+        return np.zeros(n_out) if width == 1 else y * (n_in - 1) / (width - 1)
+    if mode == "asymmetric":
+        return y / scale
+    if mode == "pytorch_half_pixel":
+        return np.full(n_out, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
+    if mode == "half_pixel":
+        return (y + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        offset = n_in / 2 * (1 - n_out / width)
+        return offset + (y + 0.5) / scale - 0.5
+    if mode == "tf_half_pixel_for_nn":
+        return (y + 0.5) / scale
+    raise AssertionError(mode)
+
+
+def _nearest_table(x: np.ndarray, mode: str, n_in: int) -> np.ndarray:
+    fl = np.floor(x)
+    frac = x - fl
+    if mode == "floor":
+        t = fl
+    elif mode == "ceil":
+        t = np.ceil(x)
+    elif mode == "round_prefer_floor":
+        t = np.where(frac <= 0.5, fl, fl + 1)
+    else:
+        t = np.where(frac < 0.5, fl, fl + 1)
+    return np.clip(t, 0, n_in - 1).astype(np.int64)
+
+
+def _quasi_affine(table: np.ndarray, i: str, scale: float, n_in: int) -> str | None:
+    """An expression ``(a*i + b) / c`` (floor division) equal to ``table`` everywhere, or None.
+
+    The candidates come from rational approximations of the scale: the slope of a
+    nearest-neighbour table is ``1/scale``.
+    """
+    n = len(table)
+    j = np.arange(n, dtype=np.int64)
+    if n == 1 or (table == table[0]).all():
+        return str(int(table[0]))
+    cands: list[Fraction] = []
+    for lim in (16, 256, 4096):
+        cands.append(Fraction(1 / scale).limit_denominator(lim))
+    cands.append(Fraction(n_in, n))
+    for slope in dict.fromkeys(cands):
+        a, c = slope.numerator, slope.denominator
+        if a <= 0:
+            continue
+        # table[j] = floor((a*j + b) / c): b in the interval each point allows
+        lo = max(int(table[k]) * c - a * int(k) for k in range(n))
+        hi = min((int(table[k]) + 1) * c - 1 - a * int(k) for k in range(n))
+        if lo <= hi:
+            b = lo
+            if ((a * j + b) // c == table).all():
+                num = affine([(a, i)], b)
+                return f"({num}) / {c}" if c > 1 else num
+    return None
+
+
+def _steps(table: np.ndarray, i: str) -> str | None:
+    """``t0 + (i >= 3 ? 1 : 0) + ...`` for a non-decreasing table of few steps."""
+    diffs = np.diff(table)
+    if (diffs < 0).any() or (diffs != 0).sum() > 64:
+        return None
+    parts = [str(int(table[0]))]
+    for k in np.nonzero(diffs)[0]:
+        parts.append(f"({i} >= {k + 1} ? {int(diffs[k])} : 0)")
+    return "(" + " + ".join(parts) + ")"
+
+
+def _resize_params(node: Node, ctx: LowerContext) -> tuple[list[float], str, str, str]:
+    """(scale per axis, mode, coordinate mode, nearest mode) after the checks."""
+    xs = ctx.shape(node.inputs[0])
+    r = len(xs)
+    mode = _str_attr(node, "mode", "nearest")
+    if mode not in ("nearest", "linear", "bilinear"):
+        raise unsupported(node, f"mode={mode!r} (supported: nearest, linear)")
+    mode = "linear" if mode == "bilinear" else mode
+    if node.op_type == "Upsample":
+        coord, nearest = "asymmetric", "floor"
+        if ctx.graph.opset < 9:
+            scales = [float(s) for s in node.attr("scales", [])] or None
+            if scales is None:  # Upsample-1: height_scale / width_scale
+                scales = [1.0] * (r - 2) + [float(node.attr("height_scale", 1.0)),
+                                            float(node.attr("width_scale", 1.0))]
+        else:
+            v = const_input(node, ctx, 1, "scales")
+            scales = None if v is None else [float(s) for s in v.reshape(-1)]
+        if scales is None:
+            raise unsupported(node, "scales are required")
+    else:
+        coord = _str_attr(node, "coordinate_transformation_mode",
+                          "half_pixel" if ctx.graph.opset >= 11 else "asymmetric")
+        nearest = _str_attr(node, "nearest_mode", "round_prefer_floor")
+        if ctx.graph.opset < 11:
+            nearest = "floor"  # Resize-10: asymmetric, floor
+        if coord not in _COORD_MODES:
+            raise unsupported(node, f"coordinate_transformation_mode={coord!r} (supported: "
+                                    f"{', '.join(_COORD_MODES)})")
+        if nearest not in _NEAREST_MODES:
+            raise unsupported(node, f"nearest_mode={nearest!r} (supported: "
+                                    f"{', '.join(_NEAREST_MODES)})")
+        if node.attr("antialias", 0):
+            raise unsupported(node, "antialias=1 is not supported")
+        policy = _str_attr(node, "keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            raise unsupported(node, f"keep_aspect_ratio_policy={policy!r} (supported: stretch)")
+        if ctx.graph.opset < 11:
+            v = const_input(node, ctx, 1, "scales")
+            scales_in, sizes_in = (None if v is None else v.reshape(-1)), None
+        else:
+            scales_in = const_input(node, ctx, 2, "scales")
+            sizes_in = const_input(node, ctx, 3, "sizes")
+            if scales_in is not None and scales_in.size == 0:
+                scales_in = None
+            if sizes_in is not None and sizes_in.size == 0:
+                sizes_in = None
+        axes = node.attr("axes")
+        axes = list(range(r)) if axes is None else [int(a) % r for a in axes]
+        if sizes_in is not None:
+            scales = [1.0] * r
+            for a, s in zip(axes, sizes_in.reshape(-1)):
+                scales[a] = float(s) / xs[a]
+        elif scales_in is not None:
+            scales = [1.0] * r
+            for a, s in zip(axes, scales_in.reshape(-1)):
+                scales[a] = float(s)
+        else:
+            raise unsupported(node, "one of scales or sizes must be given")
+    if len(scales) != r:
+        raise unsupported(node, f"{len(scales)} scales for rank {r}")
+    for d in range(r):  # the output extents are the inferred shape's
+        if scales[d] <= 0:
+            raise unsupported(node, f"scale {scales[d]} on axis {d}")
+    return scales, mode, coord, nearest
+
+
+@register("Resize", "Upsample")
+def resize(node: Node, ctx: LowerContext) -> Lowered:
+    """Nearest: the source index of each axis is a quasi-affine function of the output
+    index, found exactly for the scale (or a sum of steps); linear: the source
+    coordinate is computed in double from the output index (``double(i)``), the two
+    neighbours are read at clamped indices and weighted."""
+    x, y = node.inputs[0], node.outputs[0]
+    check_nonempty(node, ctx, x, y)
+    dt = check_dtype(node, ctx, x, ("float32", "float64"))
+    xs, ys = ctx.shape(x), ctx.shape(y)
+    scales, mode, coord, nearest = _resize_params(node, ctx)
+    r = len(xs)
+    idx = names("i", r)
+    resized = [d for d in range(r)
+               if not (math.isclose(scales[d], 1.0) and xs[d] == ys[d])]
+    if mode == "nearest":
+        src = list(idx)
+        for d in resized:
+            table = _nearest_table(_source_coords(coord, xs[d], ys[d], scales[d]), nearest, xs[d])
+            e = _quasi_affine(table, idx[d], scales[d], xs[d]) or _steps(table, idx[d])
+            if e is None:
+                raise unsupported(node, f"the nearest source indices of axis {d} (scale "
+                                        f"{scales[d]}) have no compact form")
+            src[d] = e
+        return Lowered([f"{lhs(ctx.name(y), idx)} = {read(ctx.name(x), src)}"
+                        f"{where(out_ranges(idx, ys))}"])
+    if len(resized) > 3:
+        raise unsupported(node, f"linear resize of {len(resized)} axes (at most 3)")
+    lets, lo, hi, w = [], {}, {}, {}
+    for d in resized:
+        i, n_in, n_out, s = idx[d], xs[d], ys[d], scales[d]
+        fi = f"double({i})"
+        if coord == "align_corners":
+            e = "0.0" if s * n_in == 1 else f"{fi} * {float(n_in - 1)!r} / {float(s * n_in - 1)!r}"
+        elif coord == "asymmetric":
+            e = f"{fi} / {s!r}"
+        elif coord == "pytorch_half_pixel" and s * n_in == 1:
+            e = "(-0.5)"
+        elif coord == "half_pixel_symmetric":
+            off = n_in / 2 * (1 - n_out / (s * n_in))
+            e = f"{off!r} + ({fi} + 0.5) / {s!r} - 0.5"
+        elif coord == "tf_half_pixel_for_nn":
+            e = f"({fi} + 0.5) / {s!r}"
+        else:
+            e = f"({fi} + 0.5) / {s!r} - 0.5"
+        xv, fv = f"x{d}", f"f{d}"
+        lets += [f"{xv} = {e}", f"{fv} = floor({xv})"]
+        lo[d] = f"min(max(int64({fv}), 0), {n_in - 1})"
+        hi[d] = f"min(max(int64({fv}) + 1, 0), {n_in - 1})"
+        w[d] = f"({xv} - {fv})"
+    terms = []
+    for corner in range(2 ** len(resized)):
+        src, ws = list(idx), []
+        for k, d in enumerate(resized):
+            up = (corner >> k) & 1
+            src[d] = hi[d] if up else lo[d]
+            ws.append(w[d] if up else f"(1.0 - {w[d]})")
+        terms.append(" * ".join(ws + [f"double({read(ctx.name(x), src)})"]))
+    value = " + ".join(terms) if terms else f"double({read(ctx.name(x), idx)})"
+    clauses = ", ".join(lets + [f"{i} in 0:{n}" for i, n in zip(idx, ys)])
+    return Lowered([f"{lhs(ctx.name(y), idx)} = {TC_TYPE[dt]}({value}) where {clauses}"])

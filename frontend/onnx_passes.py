@@ -1,0 +1,545 @@
+"""Graph passes: :class:`~polyc.frontend.onnx_graph.Graph` -> Graph.
+
+:func:`optimize_graph` runs, in this order:
+
+1. :func:`fold_constants` -- nodes whose inputs are all constants (and ``Shape`` /
+   ``Size`` of static tensors) are evaluated now;
+2. :func:`remove_noops` -- Identity, inference Dropout, Cast to the same dtype;
+3. :func:`fold_batchnorm` -- BatchNormalization after a Conv or Gemm goes into its
+   weights and bias;
+4. :func:`eliminate_common_subexpressions` -- same op, inputs and attributes computed
+   once (identical constants merged too);
+5. :func:`eliminate_dead_nodes` -- nodes and constants nothing uses.
+
+(then folding, CSE and DCE once more, as each can open work for the others).
+:func:`fusion_groups` then partitions the nodes into the groups that become one
+kernel each. Counts of what each pass did are kept: :func:`pass_stats`.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .onnx_graph import Graph, Node, TensorInfo
+
+NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
+         "int64": np.int64, "bool": np.bool_}
+
+#: ops never evaluated at compile time or merged (their value is not a function of inputs)
+NONDETERMINISTIC = frozenset(["RandomNormal", "RandomUniform", "RandomNormalLike",
+                              "RandomUniformLike", "Multinomial", "Bernoulli"])
+#: ops with subgraphs or state: never folded
+NO_FOLD = NONDETERMINISTIC | {"If", "Loop", "Scan"}
+#: an output larger than this (bytes) is only folded if it is not much larger than the
+#: inputs (an Expand or Tile of a small constant is cheaper to compute than to store);
+#: ConstantOfShape is always folded (model weights are often such fills)
+FOLD_LIMIT_BYTES = 16 << 20
+
+#: ops that only re-view their input (lowered as views): kept out of fusion groups
+VIEW_OPS = frozenset(["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"])
+#: ops that start a fusion group (their elementwise consumers join them)
+ANCHOR_OPS = frozenset(["Conv", "ConvTranspose", "Gemm", "MatMul"])
+#: elementwise ops (each output element from the same element of the inputs, broadcast)
+ELEMENTWISE_OPS = frozenset([
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal",
+    "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor",
+    "Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
+    "Erf", "Gelu", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil",
+    "Softplus", "Softsign", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sign", "Sin", "Cos",
+    "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round",
+    "Mod", "Cast", "CastLike", "IsNaN", "IsInf", "Mish", "BatchNormalization"])
+#: the largest fusion group
+MAX_GROUP = 6
+
+_STATS: dict[str, int] = {}
+
+
+def pass_stats() -> dict[str, int]:
+    """What the last :func:`optimize_graph` did: ``{"folded": 12, "cse": 3, ...}``."""
+    return dict(_STATS)
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+def consumers(graph: Graph) -> dict[str, list[Node]]:
+    """Tensor name -> the nodes reading it (a node reading it twice counts once)."""
+    out: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        for x in dict.fromkeys(n.inputs):
+            if x:
+                out.setdefault(x, []).append(n)
+    return out
+
+
+def producers(graph: Graph) -> dict[str, Node]:
+    return {o: n for n in graph.nodes for o in n.outputs if o}
+
+
+def _replace(graph: Graph, **changes: Any) -> Graph:
+    fields = dict(name=graph.name, nodes=graph.nodes, inputs=graph.inputs,
+                  outputs=graph.outputs, tensors=graph.tensors, constants=graph.constants,
+                  opset=graph.opset)
+    fields.update(changes)
+    fields["nodes"] = tuple(fields["nodes"])
+    return Graph(**fields)
+
+
+def _rename_inputs(nodes: Iterable[Node], renames: Mapping[str, str]) -> list[Node]:
+    """The nodes with every input renamed through ``renames`` (transitively)."""
+    def resolve(x: str) -> str:
+        seen = set()
+        while x in renames and x not in seen:
+            seen.add(x)
+            x = renames[x]
+        return x
+    out = []
+    for n in nodes:
+        ins = tuple(resolve(x) if x else x for x in n.inputs)
+        out.append(n if ins == n.inputs else _with(n, inputs=ins))
+    return out
+
+
+def _with(n: Node, **changes: Any) -> Node:
+    fields = dict(name=n.name, op_type=n.op_type, inputs=n.inputs, outputs=n.outputs,
+                  attrs=n.attrs, domain=n.domain)
+    fields.update(changes)
+    return Node(**fields)
+
+
+# -- evaluation of one node ---------------------------------------------------------------
+
+def _attribute(key: str, value: Any) -> onnx.AttributeProto:
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(key, numpy_helper.from_array(value))
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return helper.make_attribute(key, [], attr_type=onnx.AttributeProto.INTS)
+        if all(isinstance(v, np.ndarray) for v in value):
+            return helper.make_attribute(key, [numpy_helper.from_array(v) for v in value])
+        return helper.make_attribute(key, list(value))
+    return helper.make_attribute(key, value)
+
+
+def node_proto(node: Node) -> onnx.NodeProto:
+    p = helper.make_node(node.op_type, list(node.inputs), list(node.outputs), name=node.name,
+                         domain=node.domain or None)
+    p.attribute.extend(_attribute(k, v) for k, v in node.attrs.items())
+    return p
+
+
+def evaluate_node(node: Node, values: Sequence[np.ndarray], opset: int) -> list[np.ndarray]:
+    """The outputs of ``node`` on the values of its non-empty inputs (in order)."""
+    op, a = node.op_type, node.attrs
+    if op == "Identity":
+        return [np.array(values[0])]
+    if op == "Shape":
+        shape = np.asarray(np.shape(values[0]), dtype=np.int64)
+        start, end = a.get("start", 0), a.get("end")
+        return [shape[start:end] if end is not None else shape[start:]]
+    if op == "Size":
+        return [np.asarray(np.size(values[0]), dtype=np.int64)]
+    if op == "ConstantOfShape":
+        fill = a.get("value")
+        fill = np.zeros(1, dtype=np.float32) if fill is None else np.asarray(fill).reshape(-1)
+        shape = tuple(int(d) for d in np.asarray(values[0]).reshape(-1))
+        return [np.full(shape, fill[0], dtype=fill.dtype)]
+    if op == "Constant":
+        from .onnx_import import _constant_value
+        return [_constant_value(node_proto(node))]
+    from onnx.reference import ReferenceEvaluator
+    names = [x for x in node.inputs if x]
+    inputs = [helper.make_tensor_value_info(x, helper.np_dtype_to_tensor_dtype(
+        np.asarray(v).dtype), np.shape(v)) for x, v in zip(names, values)]
+    outputs = [helper.make_empty_tensor_value_info(o) for o in node.outputs if o]
+    graph = helper.make_graph([node_proto(node)], "fold", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    results = ReferenceEvaluator(model).run(None, {x: np.asarray(v)
+                                                   for x, v in zip(names, values)})
+    return [np.asarray(r) for r in results]
+
+
+# -- passes -----------------------------------------------------------------------------
+
+def fold_constants(graph: Graph, stats: Counter | None = None) -> Graph:
+    """Evaluate, at compile time, every node whose inputs are all constants (a node with
+    no inputs, such as ConstantOfShape's fill, included), and Shape / Size of tensors
+    (shapes are static). The node is dropped and its outputs become constants. Nodes
+    with random outputs or subgraphs are kept; so is a node whose output would exceed
+    ``FOLD_LIMIT_BYTES`` while being more than 4x larger than its inputs (cheaper to
+    compute than to store), except ConstantOfShape."""
+    stats = stats if stats is not None else Counter()
+    constants = dict(graph.constants)
+    tensors = dict(graph.tensors)
+    keep: list[Node] = []
+    for n in graph.nodes:
+        ins = [x for x in n.inputs if x]
+        value: list[np.ndarray] | None = None
+        if n.domain not in ("", "ai.onnx") or n.op_type in NO_FOLD:
+            keep.append(n)
+            continue
+        if n.op_type in ("Shape", "Size") and ins and ins[0] in tensors:
+            fake = np.broadcast_to(np.zeros((), NUMPY[tensors[ins[0]].dtype]),
+                                   tensors[ins[0]].shape)
+            value = evaluate_node(n, [fake], graph.opset)
+        elif all(x in constants for x in ins) and _worth_folding(n, ins, tensors, constants):
+            try:
+                value = evaluate_node(n, [constants[x] for x in ins], graph.opset)
+            except Exception:  # the lowering will say what is wrong with the node
+                value = None
+        if value is None:
+            keep.append(n)
+            continue
+        for o, v in zip([o for o in n.outputs if o], value):
+            info = tensors.get(o)
+            v = np.asarray(v)
+            if info is not None:
+                v = np.asarray(v.astype(NUMPY[info.dtype], copy=False), order="C")
+                if tuple(v.shape) != tuple(info.shape):
+                    v = v.reshape(info.shape)
+            else:
+                from .onnx_import import _dtype_of_numpy
+                tensors[o] = TensorInfo(o, _dtype_of_numpy(v.dtype, o, n.name),
+                                        tuple(v.shape))
+            constants[o] = v
+        stats["folded"] += 1
+    return _replace(graph, nodes=keep, constants=constants, tensors=tensors)
+
+
+def _worth_folding(n: Node, ins: list[str], tensors: Mapping[str, TensorInfo],
+                   constants: Mapping[str, np.ndarray]) -> bool:
+    if n.op_type == "ConstantOfShape":
+        return True
+    out_bytes = 0
+    for o in n.outputs:
+        if o and o in tensors:
+            info = tensors[o]
+            out_bytes += int(np.prod(info.shape, dtype=np.int64)) * \
+                np.dtype(NUMPY[info.dtype]).itemsize
+    in_bytes = sum(constants[x].nbytes for x in ins)
+    return out_bytes <= FOLD_LIMIT_BYTES or out_bytes <= 4 * in_bytes
+
+
+def _redirect(graph: Graph, nodes: list[Node], old: str, new: str) -> tuple[list[Node], bool]:
+    """Make every reader of ``old`` read ``new`` (``old`` disappears). If ``old`` is a
+    graph output, the producer of ``new`` is renamed to produce ``old`` instead when that
+    is possible; returns (nodes, done)."""
+    if old not in graph.outputs:
+        return _rename_inputs(nodes, {old: new}), True
+    # old is a graph output: keep its name, produce it directly
+    prod = {o: n for n in nodes for o in n.outputs if o}
+    if new in graph.outputs or new in graph.inputs or new in graph.constants \
+            or new not in prod:
+        return nodes, False
+    p = prod[new]
+    renamed = _with(p, outputs=tuple(old if o == new else o for o in p.outputs))
+    nodes = [renamed if n is p else n for n in nodes]
+    return _rename_inputs(nodes, {new: old}), True
+
+
+def remove_noops(graph: Graph, stats: Counter | None = None) -> Graph:
+    """Drop Identity, Dropout in inference (its mask output unused, no constant-true
+    ``training_mode``) and Cast to the input's own dtype: readers use the input instead.
+    When the removed output is a graph output, the input's producer is renamed to
+    produce it; when that is impossible (the input is a graph input or a constant) the
+    node stays. Reshape/Flatten/Squeeze/Unsqueeze stay nodes (lowered as views)."""
+    stats = stats if stats is not None else Counter()
+    users = consumers(graph)
+    nodes = list(graph.nodes)
+    for n in list(graph.nodes):
+        if not _is_noop(n, graph, users):
+            continue
+        cur = next((m for m in nodes if m.name == n.name), None)
+        if cur is None:
+            continue
+        src, out = cur.inputs[0], cur.outputs[0]
+        rest = [m for m in nodes if m is not cur]
+        new_nodes, done = _redirect(graph, rest, out, src)
+        if done:
+            nodes = new_nodes
+            stats["noops"] += 1
+    g = _replace(graph, nodes=nodes)
+    return _prune_tensors(g)
+
+
+def _is_noop(n: Node, graph: Graph, users: Mapping[str, list[Node]]) -> bool:
+    if not n.inputs or not n.inputs[0] or not n.outputs or not n.outputs[0]:
+        return False
+    x, y = n.inputs[0], n.outputs[0]
+    if graph.tensors.get(x) is None or graph.tensors.get(y) is None:
+        return False
+    same = graph.tensors[x].shape == graph.tensors[y].shape and \
+        graph.tensors[x].dtype == graph.tensors[y].dtype
+    if n.op_type == "Identity":
+        return same
+    if n.op_type == "Dropout":
+        mask_used = len(n.outputs) > 1 and n.outputs[1] and (
+            n.outputs[1] in users or n.outputs[1] in graph.outputs)
+        training = n.inputs[2] if len(n.inputs) > 2 else ""
+        if training:
+            t = graph.constants.get(training)
+            if t is None or bool(np.asarray(t).reshape(-1)[0]):
+                return False
+        if n.attrs.get("is_test", 1) == 0 and graph.opset < 7:
+            return False
+        return same and not mask_used
+    if n.op_type == "Cast":
+        return same
+    return False
+
+
+def fold_batchnorm(graph: Graph, stats: Counter | None = None) -> Graph:
+    """BatchNormalization (inference) after a Conv or Gemm whose output nothing else
+    reads: y = (conv(x) - mean) * s + b with s = scale / sqrt(var + eps) is the Conv with
+    weights W * s (per output channel) and bias (B - mean) * s + b. All of W, B and the
+    BN parameters must be constants; the folded weights are new constants."""
+    stats = stats if stats is not None else Counter()
+    users = consumers(graph)
+    prod = producers(graph)
+    constants = dict(graph.constants)
+    tensors = dict(graph.tensors)
+    replaced: dict[str, Node] = {}  # conv name -> folded conv
+    dropped: set[str] = set()
+    for bn in graph.nodes:
+        if bn.op_type != "BatchNormalization" or bn.attrs.get("training_mode", 0):
+            continue
+        if bn.attrs.get("spatial", 1) != 1:
+            continue
+        if any(o for o in bn.outputs[1:]):
+            continue
+        x = bn.inputs[0]
+        p = prod.get(x)
+        if p is None or p.op_type not in ("Conv", "Gemm") or p.name in replaced:
+            continue
+        if x in graph.outputs or len(users.get(x, [])) != 1 or len(bn.inputs) < 5:
+            continue
+        params = [constants.get(t) for t in bn.inputs[1:5]]
+        if any(v is None for v in params):
+            continue
+        scale, bias, mean, var = (np.asarray(v, dtype=np.float64) for v in params)
+        eps = float(bn.attrs.get("epsilon", 1e-5))
+        s = scale / np.sqrt(var + eps)
+        folded = _fold_bn_into(p, s, bias, mean, constants, tensors, bn.outputs[0])
+        if folded is None:
+            continue
+        replaced[p.name] = folded
+        dropped.add(bn.name)
+        stats["batchnorm_folded"] += 1
+    if not replaced:
+        return graph
+    nodes = [replaced.get(n.name, n) for n in graph.nodes if n.name not in dropped]
+    g = _replace(graph, nodes=nodes, constants=constants, tensors=tensors)
+    return eliminate_dead_nodes(g, stats)
+
+
+def _fresh(name: str, tensors: Mapping[str, Any]) -> str:
+    cand, k = name, 1
+    while cand in tensors:
+        cand = f"{name}_{k}"
+        k += 1
+    return cand
+
+
+def _fold_bn_into(p: Node, s: np.ndarray, bias: np.ndarray, mean: np.ndarray,
+                  constants: dict[str, np.ndarray], tensors: dict[str, TensorInfo],
+                  out: str) -> Node | None:
+    if p.op_type == "Conv":
+        if len(p.inputs) < 2 or p.inputs[1] not in constants:
+            return None
+        w = constants[p.inputs[1]]
+        if w.dtype.kind != "f" or w.shape[0] != s.shape[0]:
+            return None
+        b = constants.get(p.inputs[2]) if len(p.inputs) > 2 and p.inputs[2] else None
+        if len(p.inputs) > 2 and p.inputs[2] and b is None:
+            return None
+        b64 = np.zeros(w.shape[0]) if b is None else np.asarray(b, np.float64)
+        w2 = (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+        b2 = ((b64 - mean) * s + bias).astype(w.dtype)
+        wn, bn_ = _fresh(p.inputs[1] + "_bnfold", tensors), _fresh(
+            (p.inputs[2] if b is not None else p.name + "_bias") + "_bnfold", tensors)
+        constants[wn], constants[bn_] = w2, b2
+        dt = tensors[p.inputs[1]].dtype
+        tensors[wn] = TensorInfo(wn, dt, tuple(w2.shape))
+        tensors[bn_] = TensorInfo(bn_, dt, tuple(b2.shape))
+        return _with(p, inputs=(p.inputs[0], wn, bn_), outputs=(out,))
+    # Gemm: Y = alpha * A' B' + beta * C, BN over columns (channel axis 1 of (M, N))
+    if len(p.inputs) < 2 or p.inputs[1] not in constants:
+        return None
+    w = constants[p.inputs[1]]
+    if w.dtype.kind != "f" or w.ndim != 2:
+        return None
+    trans_b = p.attrs.get("transB", 0)
+    n_cols = w.shape[0] if trans_b else w.shape[1]
+    if n_cols != s.shape[0]:
+        return None
+    alpha, beta = float(p.attrs.get("alpha", 1.0)), float(p.attrs.get("beta", 1.0))
+    c_name = p.inputs[2] if len(p.inputs) > 2 else ""
+    c = constants.get(c_name) if c_name else None
+    if c_name and c is None:
+        return None
+    w2 = w.astype(np.float64) * (s[:, None] if trans_b else s[None, :])
+    c64 = np.zeros(n_cols) if c is None else beta * np.asarray(c, np.float64)
+    c2 = (c64 - mean) * s + bias
+    if c2.ndim > 2:
+        return None
+    wn = _fresh(p.inputs[1] + "_bnfold", tensors)
+    cn = _fresh((c_name or p.name + "_bias") + "_bnfold", tensors)
+    constants[wn], constants[cn] = w2.astype(w.dtype), c2.astype(w.dtype)
+    dt = tensors[p.inputs[1]].dtype
+    tensors[wn] = TensorInfo(wn, dt, tuple(w2.shape))
+    tensors[cn] = TensorInfo(cn, dt, tuple(c2.shape))
+    attrs = dict(p.attrs)
+    attrs["beta"] = 1.0
+    return _with(p, inputs=(p.inputs[0], wn, cn), outputs=(out,), attrs=attrs)
+
+
+def _attr_key(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return ("nd", str(v.dtype), v.shape, hashlib.sha1(v.tobytes()).hexdigest())
+    if isinstance(v, (list, tuple)):
+        return tuple(_attr_key(x) for x in v)
+    if isinstance(v, float):
+        return ("f", repr(v))
+    if isinstance(v, (int, str, bool)) or v is None:
+        return v
+    return ("obj", id(v))  # graphs: never equal to another node's
+
+
+def eliminate_common_subexpressions(graph: Graph, stats: Counter | None = None) -> Graph:
+    """Compute once what several nodes compute: nodes with the same op type, domain,
+    inputs and attributes (random ops excepted) are merged, readers of the duplicate's
+    outputs reading the first one's. Identical constants (dtype, shape and bytes) are
+    merged the same way. A duplicate whose output is a graph output stays."""
+    stats = stats if stats is not None else Counter()
+    renames: dict[str, str] = {}
+    protected = set(graph.outputs)
+    # identical constants
+    by_value: dict[Any, str] = {}
+    for name, v in graph.constants.items():
+        if name in protected:
+            continue
+        key = (str(v.dtype), v.shape, hashlib.sha1(np.ascontiguousarray(v).tobytes()).digest())
+        if key in by_value:
+            renames[name] = by_value[key]
+            stats["cse_constants"] += 1
+        else:
+            by_value[key] = name
+    seen: dict[Any, Node] = {}
+    nodes: list[Node] = []
+    for n in _rename_inputs(graph.nodes, renames):
+        n = _rename_inputs([n], renames)[0]
+        if n.op_type in NONDETERMINISTIC or any(o in protected for o in n.outputs):
+            nodes.append(n)
+            continue
+        key = (n.op_type, n.domain, n.inputs, len(n.outputs),
+               tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items())))
+        first = seen.get(key)
+        if first is None:
+            seen[key] = n
+            nodes.append(n)
+            continue
+        for a, b in zip(n.outputs, first.outputs):
+            if a:
+                renames[a] = b
+        stats["cse"] += 1
+    nodes = _rename_inputs(nodes, renames)
+    return eliminate_dead_nodes(_replace(graph, nodes=nodes), stats)
+
+
+def eliminate_dead_nodes(graph: Graph, stats: Counter | None = None) -> Graph:
+    """Drop nodes none of whose outputs is read (by a live node) or a graph output, and
+    constants and tensor records nothing refers to any more."""
+    stats = stats if stats is not None else Counter()
+    live: set[str] = set(graph.outputs)
+    kept: list[Node] = []
+    for n in reversed(graph.nodes):
+        if any(o in live for o in n.outputs if o):
+            kept.append(n)
+            live.update(x for x in n.inputs if x)
+        else:
+            stats["dead"] += 1
+    kept.reverse()
+    return _prune_tensors(_replace(graph, nodes=kept))
+
+
+def _prune_tensors(graph: Graph) -> Graph:
+    used = set(graph.inputs) | set(graph.outputs)
+    for n in graph.nodes:
+        used.update(x for x in n.inputs if x)
+        used.update(o for o in n.outputs if o)
+    constants = {k: v for k, v in graph.constants.items() if k in used}
+    tensors = {k: v for k, v in graph.tensors.items() if k in used}
+    return _replace(graph, constants=constants, tensors=tensors)
+
+
+def optimize_graph(graph: Graph, stats: dict[str, int] | None = None) -> Graph:
+    """Every pass, in a fixed order (see the module doc). The counts of what was done go
+    into ``stats`` when given, and are returned by :func:`pass_stats` afterwards."""
+    c: Counter = Counter()
+    before = len(graph.nodes)
+    graph = fold_constants(graph, c)
+    graph = remove_noops(graph, c)
+    graph = fold_batchnorm(graph, c)
+    graph = eliminate_common_subexpressions(graph, c)
+    graph = fold_constants(graph, c)
+    graph = eliminate_dead_nodes(graph, c)
+    c["nodes_before"] = before
+    c["nodes_after"] = len(graph.nodes)
+    result = {k: int(c.get(k, 0)) for k in ("folded", "noops", "batchnorm_folded", "cse",
+                                             "cse_constants", "dead", "nodes_before",
+                                             "nodes_after")}
+    _STATS.clear()
+    _STATS.update(result)
+    if stats is not None:
+        stats.update(result)
+    return graph
+
+
+# -- fusion groups ------------------------------------------------------------------------
+
+def fusion_groups(graph: Graph, max_size: int = MAX_GROUP) -> list[list[Node]]:
+    """A topological partition of the nodes into fusion groups (each becomes one kernel).
+
+    A Conv / ConvTranspose / Gemm / MatMul, or an elementwise op, starts a group; an
+    elementwise node joins the group whose last node produces one of its inputs when
+    that tensor has exactly one reader (this node) and is not a graph output, the node's
+    other inputs are computed no later than that group, and the group has fewer than
+    ``max_size`` nodes. View ops (Reshape, Flatten, Squeeze, Unsqueeze, Identity,
+    Dropout) and every other op are groups of their own.
+    """
+    users = consumers(graph)
+    group_of: dict[str, int] = {}  # tensor -> index of the group producing it
+    groups: list[list[Node]] = []
+    open_: dict[int, bool] = {}  # group -> may still grow
+    for n in graph.nodes:
+        target = None
+        if n.op_type in ELEMENTWISE_OPS:
+            for x in n.inputs:
+                g = group_of.get(x)
+                if g is None or not open_.get(g) or groups[g][-1].outputs[0] != x:
+                    continue
+                if len(users.get(x, [])) != 1 or x in graph.outputs:
+                    continue
+                if len(groups[g]) >= max_size:
+                    continue
+                if any(group_of.get(y, -1) > g for y in n.inputs if y):
+                    continue
+                if any(o for o in groups[g][-1].outputs[1:]):
+                    continue
+                target = g
+                break
+        if target is None:
+            groups.append([n])
+            target = len(groups) - 1
+            open_[target] = n.op_type in ANCHOR_OPS or n.op_type in ELEMENTWISE_OPS
+        else:
+            groups[target].append(n)
+        for o in n.outputs:
+            if o:
+                group_of[o] = target
+    return groups

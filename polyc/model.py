@@ -1,0 +1,211 @@
+"""Whole ONNX models compiled into one C library, called from Python.
+
+    m = polyc.compile_onnx("model.onnx")          # or an onnx.ModelProto
+    outputs = m.run(None, {"input": x})           # as onnxruntime's InferenceSession.run
+    y, = m(x)                                     # positional form
+
+The stages (each a function of the previous result)::
+
+    model --load_graph--> Graph --optimize_graph--> Graph --lower_graph--> Program
+          --generate_model (schedule each distinct kernel)--> C + header + weights layout
+          --write_model_files (gcc, cached)--> .so .h .c .weights --ModelLibrary--> run
+
+:func:`build_model` starts from a :class:`polyc.program.Program` (the frontend's output,
+or one written by hand).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import pipeline
+from .codegen.model import ModelSource, generate_model, kernel_key
+from .codegen.model_runtime import ModelLibrary, check_array, check_feed, write_model_files
+from .codegen.weights import weights_bytes
+from .errors import CallError
+from .ir import Kernel
+from .options import Options
+from .program import Program
+
+Progress = Callable[[str], None]
+
+
+def progress_printer(progress: bool | Progress | None) -> Progress | None:
+    if progress is True:
+        start = time.perf_counter()
+        return lambda msg: print(f"polyc [{time.perf_counter() - start:6.1f}s] {msg}",
+                                 file=sys.stderr, flush=True)
+    return progress or None
+
+
+class CompiledModel:
+    """A model compiled into a shared library, loaded and initialised.
+
+    :attr:`input_names`/:attr:`output_names` are the model's names, in graph order;
+    :attr:`library_path`, :attr:`header_path`, :attr:`weights_path` and
+    :attr:`source_path` the files (``output_dir`` when given, else the cache);
+    :attr:`c_source` the C; :attr:`arena_bytes` the workspace one run allocates.
+    """
+
+    def __init__(self, source: ModelSource, program: Program, library_path: str,
+                 header_path: str, weights_path: str, source_path: str, loaded_path: str):
+        self.source, self.program = source, program
+        self.library_path, self.header_path = library_path, header_path
+        self.weights_path, self.source_path = weights_path, source_path
+        self._library = ModelLibrary(loaded_path, source, weights_path)
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.source.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.source.outputs]
+
+    @property
+    def c_source(self) -> str:
+        return self.source.text
+
+    @property
+    def header(self) -> str:
+        return self.source.header
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.source.plan.arena_bytes
+
+    def run(self, output_names: Sequence[str] | None,
+            input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+        """The outputs named by ``output_names`` (all, in graph order, for None) computed
+        from ``input_feed`` (input name -> numpy array of the exact dtype and shape)."""
+        arrays = check_feed(self.source.inputs, input_feed)
+        outs = self._library.run(arrays)
+        if output_names is None:
+            return outs
+        if isinstance(output_names, str):
+            raise CallError("output_names must be a list of names (or None), not a string")
+        index = {n: i for i, n in enumerate(self.output_names)}
+        unknown = [n for n in output_names if n not in index]
+        if unknown:
+            raise CallError(f"unknown output(s) {unknown}; the model's outputs are "
+                            f"{self.output_names}")
+        return [outs[index[n]] for n in output_names]
+
+    def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
+        """Positional form: the inputs in graph order; every output, as a tuple."""
+        if len(inputs) != len(self.source.inputs):
+            raise CallError(f"{self.name} takes {len(self.source.inputs)} inputs "
+                            f"({', '.join(self.input_names)}), got {len(inputs)}")
+        arrays = [check_array(t, x, f"input {t.name!r} (argument {i})")
+                  for i, (t, x) in enumerate(zip(self.source.inputs, inputs))]
+        return tuple(self._library.run(arrays))
+
+    def close(self) -> None:
+        """Free the model's weights now (later calls raise :class:`polyc.CallError`)."""
+        self._library.close()
+
+    def __repr__(self) -> str:
+        def show(ts: Sequence[Any]) -> str:
+            return ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in ts)
+        return f"<polyc.CompiledModel {self.name}({show(self.source.inputs)}) -> " \
+               f"({show(self.source.outputs)})>"
+
+
+def build_model(program: Program, options: Options | None = None, *, name: str | None = None,
+                output_dir: str | None = None,
+                progress: bool | Progress | None = False) -> CompiledModel:
+    """Generate, build, write and load the library of ``program``.
+
+    ``name`` (sanitised) prefixes every C symbol and names the files (default: the
+    program's name); ``output_dir`` receives ``<name>.so/.h/.c/.weights`` (default: they
+    stay in the cache).
+    """
+    options = options or Options()
+    say = progress_printer(progress)
+    source = model_source(program, options, name=name, progress=say)
+    if say:
+        say(f"{len(program.steps)} steps, {source.functions} distinct kernels; compiling C")
+    blob = weights_bytes(source.weights, [v for _, v in program.weights])
+    files, cached = write_model_files(source, blob, options, output_dir)
+    if say:
+        say(f"built {files.library} ({source.plan.describe()})")
+    return CompiledModel(source, program, files.library, files.header, files.weights,
+                         files.source, cached)
+
+
+def model_source(program: Program, options: Options | None = None, *, name: str | None = None,
+                 progress: bool | Progress | None = False) -> ModelSource:
+    """The C, header and layouts of ``program`` (nothing built or written)."""
+    options = options or Options()
+    return generate_model(program, schedule_function(options), options, name=name,
+                          progress=progress_printer(progress))
+
+
+def schedule_function(options: Options) -> Callable[[Kernel], Any]:
+    """The scheduling stages of the pipeline, as ``generate_model`` wants them, memoised
+    for the process: kernels equal up to names (:func:`kernel_key`) share a schedule (it
+    is over statement instances, which do not mention arrays)."""
+    def schedule(kernel: Kernel) -> Any:
+        key = (kernel_key(kernel), options)
+        with _SCHEDULES_LOCK:
+            found = _SCHEDULES.get(key)
+        if found is None:
+            found = pipeline.schedule_kernel(kernel, options).schedule
+            with _SCHEDULES_LOCK:
+                if len(_SCHEDULES) >= _SCHEDULES_MAX:
+                    _SCHEDULES.pop(next(iter(_SCHEDULES)))
+                _SCHEDULES[key] = found
+        return kernel, found
+    return schedule
+
+
+_SCHEDULES: dict[tuple[str, Options], Any] = {}
+_SCHEDULES_LOCK = threading.Lock()
+_SCHEDULES_MAX = 4096
+
+
+def lower_onnx(model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
+               progress: Progress | None = None) -> Program:
+    """ONNX model (path, bytes or ModelProto) -> optimized Graph -> Program."""
+    from .frontend.onnx_import import load_graph
+    from .frontend.onnx_lower import lower_graph
+    from .frontend.onnx_passes import optimize_graph
+
+    graph = load_graph(model, shapes)
+    if progress:
+        progress(f"loaded {len(graph.nodes)} nodes")
+    graph = optimize_graph(graph)
+    if progress:
+        progress(f"optimized the graph: {len(graph.nodes)} nodes")
+
+    def lowered(i: int, n: int, names: Sequence[str]) -> None:
+        if progress and names:
+            progress(f"lowering group {i + 1}/{n}: {', '.join(names)}")
+    return lower_graph(graph, progress=lowered if progress else None)
+
+
+def compile_onnx(model: str | os.PathLike | bytes | Any,
+                 shapes: Mapping[str, Sequence[int]] | None = None,
+                 options: Options | None = None, progress: bool | Progress = False, *,
+                 name: str | None = None, output_dir: str | None = None) -> CompiledModel:
+    """Compile an ONNX model (a path, serialized bytes or an ``onnx.ModelProto``).
+
+    ``shapes`` fixes symbolic input dimensions (``{"input": (1, 3, 224, 224)}``);
+    ``progress=True`` reports each stage on stderr (or pass a callable taking a str).
+    The C prefix is ``name``, else the file's stem, else the graph's name.
+    """
+    say = progress_printer(progress)
+    program = lower_onnx(model, shapes, say)
+    if name is None and isinstance(model, (str, os.PathLike)):
+        name = os.path.splitext(os.path.basename(os.fspath(model)))[0]
+    return build_model(program, options, name=name, output_dir=output_dir, progress=say)
