@@ -114,7 +114,7 @@ def weights_bytes(layout: WeightsLayout, values: Sequence[np.ndarray]) -> bytes:
     data = np.zeros(layout.data_bytes, np.uint8)
     table = []
     for slot, value in zip(layout.slots, values, strict=True):
-        arr = np.ascontiguousarray(value, dtype=slot.dtype)
+        arr = np.asarray(value, dtype=slot.dtype, order="C")
         if arr.shape != slot.shape:
             raise PolycError(f"weight {slot.name!r}: value of shape {arr.shape}, "
                              f"expected {slot.shape}")

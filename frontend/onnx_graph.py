@@ -143,7 +143,7 @@ class LowerContext:
     def name(self, tensor: str) -> str:
         """The TC identifier of a graph tensor (stable within this context)."""
         if tensor not in self._names:
-            base = "t_" + re.sub(r"\W", "_", tensor)
+            base = "t_" + re.sub(r"\W", "_", tensor, flags=re.ASCII)
             self._names[tensor] = self._fresh(base)
         return self._names[tensor]
 
@@ -159,7 +159,7 @@ class LowerContext:
     # -- fresh names ---------------------------------------------------------------------
     def temp(self, hint: str = "tmp") -> str:
         """A fresh name for a temporary tensor of a lowering."""
-        return self._fresh("v_" + re.sub(r"\W", "_", hint))
+        return self._fresh("v_" + re.sub(r"\W", "_", hint, flags=re.ASCII))
 
     def indices(self, rank: int, prefix: str = "i") -> str:
         """``"i0, i1, i2"``: index names for a rank (comma-joined, as TC writes them)."""

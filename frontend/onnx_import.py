@@ -274,10 +274,15 @@ def _fold_for_shapes(proto: onnx.ModelProto) -> bool:
             node = _node_of(n, i, opset)
             value = evaluate_node(node, [fake], opset)
         elif n.domain in STANDARD_DOMAINS and all(x in consts for x in ins) \
-                and n.op_type not in _NO_FOLD:
+                and n.op_type not in _NO_FOLD and not (
+                    n.op_type == "ConstantOfShape" and ins
+                    and np.prod(consts[ins[0]], dtype=np.float64) > _SHAPE_FOLD_LIMIT):
             try:
                 value = evaluate_node(_node_of(n, i, opset), [consts[x] for x in ins], opset)
             except Exception:
+                value = None
+            # shape computations are small: big values wait for the constant-folding pass
+            if value is not None and sum(np.size(v) for v in value) > _SHAPE_FOLD_LIMIT:
                 value = None
         if value is None:
             keep.append(n)
@@ -293,6 +298,8 @@ def _fold_for_shapes(proto: onnx.ModelProto) -> bool:
     return changed
 
 
+#: the largest value (elements) folded at import to help shape inference
+_SHAPE_FOLD_LIMIT = 1 << 16
 _NO_FOLD = frozenset(["RandomNormal", "RandomUniform", "RandomNormalLike",
                       "RandomUniformLike", "Multinomial", "Bernoulli", "If", "Loop", "Scan"])
 

@@ -525,7 +525,6 @@ def reduce(node: Node, ctx: LowerContext) -> Lowered:
         mshape = [ctx.shape(x)[d] for d in range(rank) if d not in red]
         mref = f"{mx}({', '.join(kept)})" if kept else mx
         s = ctx.temp("sum")
-        sref = f"{s}({', '.join(kept)})" if kept else s
         okept = [o for o in out_idx if not o.startswith("k")] if keep else out_idx
         m_o = f"{mx}({', '.join(okept)})" if kept else mx
         s_o = f"{s}({', '.join(okept)})" if kept else s
@@ -734,3 +733,174 @@ def lrn(node: Node, ctx: LowerContext) -> Lowered:
              f"{_tref(sq, full)}, {lit(beta, dt)})")
     stmts.append(stmt(ctx, out, full, "=", value))
     return Lowered(stmts)
+
+
+# -- more elementwise and normalization ops ----------------------------------------------
+
+@register("Swish")
+def swish(node: Node, ctx: LowerContext) -> Lowered:
+    dt = require_float(node, ctx, node.inputs[0])
+    alpha = node.attr("alpha", 1.0)
+    k = "" if alpha == 1.0 else f"{_f(alpha, dt)} * "
+    return elementwise(node, ctx, lambda a: f"{a} * sigmoid({k}{a})", inputs=node.inputs[:1])
+
+
+@register("Shrink")
+def shrink(node: Node, ctx: LowerContext) -> Lowered:
+    dt = ctx.dtype(node.inputs[0])
+    lam, bias = node.attr("lambd", 0.5), node.attr("bias", 0.0)
+    if dt in INTS:  # the comparison happens in float, the result is the input's type
+        lam_l, bias_l = _f(lam, "float64"), lit(bias, dt)
+        return elementwise(node, ctx, lambda a: (
+            f"double({a}) < -{lam_l} ? {a} + {bias_l} : (double({a}) > {lam_l} ? "
+            f"{a} - {bias_l} : {lit(0, dt)})"), inputs=node.inputs[:1])
+    return elementwise(node, ctx, lambda a: (
+        f"{a} < -{_f(lam, dt)} ? {a} + {_f(bias, dt)} : ({a} > {_f(lam, dt)} ? "
+        f"{a} - {_f(bias, dt)} : {_f(0, dt)})"), inputs=node.inputs[:1])
+
+
+@register("RMSNormalization")
+def rmsnorm(node: Node, ctx: LowerContext) -> Lowered:
+    x, out = node.inputs[0], node.outputs[0]
+    dt = require_float(node, ctx, x)
+    shape = ctx.shape(x)
+    rank = len(shape)
+    axis = norm_axis(node, node.attr("axis", -1), rank)
+    axes = list(range(axis, rank))
+    count = int(np.prod([shape[a] for a in axes]))
+    full, red, kept, kshape = _split(shape, axes)
+    s = ctx.temp("sumsq")
+    xr = ref(ctx, x, red)
+    eps = lit(node.attr("epsilon", 1e-5), dt)
+    value = (f"{ref(ctx, x, full)} / sqrt({_tref(s, kept)} / {lit(count, dt)} + {eps}) * "
+             f"{operand(ctx, node.inputs[1], full)}")
+    return Lowered([temp_stmt(ctx, s, kept, kshape, "+=!", f"{xr} * {xr}"),
+                    stmt(ctx, out, full, "=", value)])
+
+
+@register("LpNormalization")
+def lpnorm(node: Node, ctx: LowerContext) -> Lowered:
+    x, out = node.inputs[0], node.outputs[0]
+    dt = require_float(node, ctx, x)
+    shape = ctx.shape(x)
+    axis = norm_axis(node, node.attr("axis", -1), len(shape))
+    p = node.attr("p", 2)
+    if p not in (1, 2):
+        raise unsupported(node, f"p={p} (supported: 1, 2)")
+    full, red, kept, kshape = _split(shape, [axis])
+    s, n = ctx.temp("norm"), ctx.temp("n")
+    xr = ref(ctx, x, red)
+    term = f"abs({xr})" if p == 1 else f"{xr} * {xr}"
+    norm = _tref(s, kept) if p == 1 else f"sqrt({_tref(s, kept)})"
+    value = f"{n} == {_f(0, dt)} ? {_f(0, dt)} : {ref(ctx, x, full)} / {n}"
+    return Lowered([temp_stmt(ctx, s, kept, kshape, "+=!", term),
+                    stmt(ctx, out, full, "=", value, lets=[f"{n} = {norm}"])])
+
+
+@register("Trilu")
+def trilu(node: Node, ctx: LowerContext) -> Lowered:
+    x, out = node.inputs[0], node.outputs[0]
+    rank = ctx.rank(x)
+    if rank < 2:
+        raise unsupported(node, f"input rank {rank} (expected at least 2)")
+    k: int | str = 0
+    if present(node, 1):
+        c = ctx.const(node.inputs[1])
+        if c is not None:
+            k = int(np.asarray(c).reshape(-1)[0])
+        else:  # read at run time (a value, not an index)
+            k = ref(ctx, node.inputs[1], ["0"] * ctx.rank(node.inputs[1]))
+    idx = idx_names(rank)
+    i, j = idx[-2], idx[-1]
+    keep = f"{j} - {i} >= {k}" if node.attr("upper", 1) else f"{j} - {i} <= {k}"
+    value = f"{keep} ? {ref(ctx, x, idx)} : {lit(0, ctx.dtype(out))}"
+    return Lowered([stmt(ctx, out, idx, "=", value)])
+
+
+@register("EyeLike")
+def eyelike(node: Node, ctx: LowerContext) -> Lowered:
+    out = node.outputs[0]
+    if ctx.rank(out) != 2:
+        raise unsupported(node, "output rank must be 2")
+    dt = ctx.dtype(out)
+    k = int(node.attr("k", 0))
+    value = f"i1 - i0 == {k} ? {lit(1, dt)} : {lit(0, dt)}"
+    return Lowered([stmt(ctx, out, ["i0", "i1"], "=", cast_to(dt, value))])
+
+
+@register("CumSum", "CumProd")
+def cumulative(node: Node, ctx: LowerContext) -> Lowered:
+    x, out = node.inputs[0], node.outputs[0]
+    dt = ctx.dtype(out)
+    rank = ctx.rank(x)
+    c = ctx.const(node.inputs[1]) if present(node, 1) else None
+    if c is None and rank != 1:
+        raise unsupported(node, "the axis input must be a constant")
+    axis = 0 if c is None else norm_axis(node, int(np.asarray(c).reshape(-1)[0]), rank)
+    excl, rev = node.attr("exclusive", 0), node.attr("reverse", 0)
+    idx = idx_names(rank)
+    i = idx[axis]
+    src = [("r" if d == axis else idx[d]) for d in range(rank)]
+    cmp = {(0, 0): f"r <= {i}", (1, 0): f"r < {i}", (0, 1): f"r >= {i}",
+           (1, 1): f"r > {i}"}[(excl, rev)]
+    if node.op_type == "CumSum":
+        value = f"{cmp} ? {ref(ctx, x, src)} : {lit(0, dt)}"
+        op = "+=!"
+    else:
+        value = f"{cmp} ? {ref(ctx, x, src)} : {lit(1, dt)}"
+        op = "*=!"
+    return Lowered([stmt(ctx, out, idx, op, value, extra=[f"r in 0:{ctx.shape(x)[axis]}"])])
+
+
+@register("Einsum")
+def einsum(node: Node, ctx: LowerContext) -> Lowered:
+    eq = node.attr("equation", "").replace(" ", "")
+    ins = [x for x in node.inputs if x]
+    out = node.outputs[0]
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ins):
+        raise unsupported(node, f"equation {eq!r} has {len(terms)} operands, the node "
+                                f"{len(ins)}")
+    # the dimensions of an ellipsis are named E0, E1, ... (aligned on the right)
+    n_ell = max([ctx.rank(x) - (len(t) - 3) for t, x in zip(terms, ins) if "..." in t],
+                default=0)
+    ell = [f"E{d}" for d in range(n_ell)]
+    letters: dict[str, str] = {}
+
+    def name(ch: str) -> str:
+        if not ch.isalpha():
+            raise unsupported(node, f"equation {eq!r}: unexpected character {ch!r}")
+        return letters.setdefault(ch, f"{'u' if ch.isupper() else 'l'}_{ch.lower()}")
+
+    def names_of(t: str, rank: int) -> list[str]:
+        if "..." not in t:
+            return [name(ch) for ch in t]
+        head, _, tail = t.partition("...")
+        k = rank - len(head) - len(tail)
+        return [name(ch) for ch in head] + ell[n_ell - k:] + [name(ch) for ch in tail]
+
+    reads, used = [], set()
+    for t, x in zip(terms, ins):
+        shape = ctx.shape(x)
+        names = names_of(t, len(shape))
+        if len(names) != len(shape):
+            raise unsupported(node, f"equation {eq!r}: term {t!r} does not match the rank "
+                                    f"{len(shape)} of {x!r}")
+        # a broadcast (size-1) dimension of an ellipsis is read at 0
+        names = ["0" if n == 1 and nm.startswith("E") else nm for nm, n in zip(names, shape)]
+        used |= {nm for nm in names if nm != "0"}
+        reads.append(ref(ctx, x, names))
+    if arrow:
+        out_names = names_of(rhs, n_ell + len(rhs.replace("...", "")))
+    else:
+        counts: dict[str, int] = {}
+        for t in terms:
+            for ch in t.replace("...", ""):
+                counts[ch] = counts.get(ch, 0) + 1
+        out_names = ell + [name(ch) for ch in sorted(counts) if counts[ch] == 1]
+    if len(out_names) != ctx.rank(out):
+        raise unsupported(node, f"equation {eq!r}: output rank {len(out_names)} but the "
+                                f"graph says {ctx.rank(out)}")
+    op = "+=!" if used - set(out_names) else "="
+    return Lowered([stmt(ctx, out, out_names, op, " * ".join(reads))])

@@ -578,26 +578,45 @@ def _steps(table: np.ndarray, i: str) -> str | None:
     return "(" + " + ".join(parts) + ")"
 
 
-def _resize_params(node: Node, ctx: LowerContext) -> tuple[list[float], str, str, str]:
-    """(scale per axis, mode, coordinate mode, nearest mode) after the checks."""
-    xs = ctx.shape(node.inputs[0])
+def _scale_input(node: Node, ctx: LowerContext, i: int, what: str
+                 ) -> tuple[np.ndarray | None, str | None]:
+    """(constant value, or None; TC name of the runtime tensor, or None) of input ``i``."""
+    if i >= len(node.inputs) or not node.inputs[i]:
+        return None, None
+    t = node.inputs[i]
+    if 0 in ctx.shape(t):
+        return None, None
+    v = ctx.const(t)
+    if v is not None:
+        v = np.asarray(v).reshape(-1)
+        return (v if v.size else None), None
+    if ctx.rank(t) != 1:
+        raise unsupported(node, f"the {what} input must be 1-D")
+    return None, ctx.name(t)
+
+
+def _resize_params(node: Node, ctx: LowerContext
+                   ) -> tuple[list[float | None], list[str], str, str, str]:
+    """(scale per axis -- None when read at run time --, the TC double expression of each
+    scale, mode, coordinate mode, nearest mode), after the checks."""
+    xs, ys = ctx.shape(node.inputs[0]), ctx.shape(node.outputs[0])
     r = len(xs)
     mode = _str_attr(node, "mode", "nearest")
     if mode not in ("nearest", "linear", "bilinear"):
         raise unsupported(node, f"mode={mode!r} (supported: nearest, linear)")
     mode = "linear" if mode == "bilinear" else mode
+    axes = list(range(r))
+    scales_in = sizes_in = runtime = None
     if node.op_type == "Upsample":
         coord, nearest = "asymmetric", "floor"
         if ctx.graph.opset < 9:
-            scales = [float(s) for s in node.attr("scales", [])] or None
-            if scales is None:  # Upsample-1: height_scale / width_scale
-                scales = [1.0] * (r - 2) + [float(node.attr("height_scale", 1.0)),
-                                            float(node.attr("width_scale", 1.0))]
+            scales_in = node.attr("scales")
+            if scales_in is None:  # Upsample-1: height_scale / width_scale
+                scales_in = [1.0] * (r - 2) + [float(node.attr("height_scale", 1.0)),
+                                               float(node.attr("width_scale", 1.0))]
+            scales_in = np.asarray(scales_in, dtype=np.float64)
         else:
-            v = const_input(node, ctx, 1, "scales")
-            scales = None if v is None else [float(s) for s in v.reshape(-1)]
-        if scales is None:
-            raise unsupported(node, "scales are required")
+            scales_in, runtime = _scale_input(node, ctx, 1, "scales")
     else:
         coord = _str_attr(node, "coordinate_transformation_mode",
                           "half_pixel" if ctx.graph.opset >= 11 else "asymmetric")
@@ -616,84 +635,122 @@ def _resize_params(node: Node, ctx: LowerContext) -> tuple[list[float], str, str
         if policy != "stretch":
             raise unsupported(node, f"keep_aspect_ratio_policy={policy!r} (supported: stretch)")
         if ctx.graph.opset < 11:
-            v = const_input(node, ctx, 1, "scales")
-            scales_in, sizes_in = (None if v is None else v.reshape(-1)), None
+            scales_in, runtime = _scale_input(node, ctx, 1, "scales")
         else:
-            scales_in = const_input(node, ctx, 2, "scales")
-            sizes_in = const_input(node, ctx, 3, "sizes")
-            if scales_in is not None and scales_in.size == 0:
-                scales_in = None
-            if sizes_in is not None and sizes_in.size == 0:
-                sizes_in = None
-        axes = node.attr("axes")
-        axes = list(range(r)) if axes is None else [int(a) % r for a in axes]
-        if sizes_in is not None:
-            scales = [1.0] * r
-            for a, s in zip(axes, sizes_in.reshape(-1)):
-                scales[a] = float(s) / xs[a]
-        elif scales_in is not None:
-            scales = [1.0] * r
-            for a, s in zip(axes, scales_in.reshape(-1)):
-                scales[a] = float(s)
-        else:
-            raise unsupported(node, "one of scales or sizes must be given")
-    if len(scales) != r:
-        raise unsupported(node, f"{len(scales)} scales for rank {r}")
-    for d in range(r):  # the output extents are the inferred shape's
-        if scales[d] <= 0:
-            raise unsupported(node, f"scale {scales[d]} on axis {d}")
-    return scales, mode, coord, nearest
+            scales_in, runtime = _scale_input(node, ctx, 2, "scales")
+            sizes_in, runtime_sizes = _scale_input(node, ctx, 3, "sizes")
+            if sizes_in is None and runtime_sizes is not None:
+                sizes_in = "inferred"  # the output shape is static: sizes are its extents
+        if node.attr("axes") is not None:
+            axes = [int(a) % r for a in node.attr("axes")]
+    scales: list[float | None] = [1.0] * r
+    exprs: list[str] = ["1.0"] * r
+    if sizes_in is not None:
+        for a in axes:  # ONNX computes the scale as sizes / input extent
+            scales[a] = ys[a] / xs[a]
+    elif scales_in is not None:
+        if len(scales_in) != len(axes):
+            raise unsupported(node, f"{len(scales_in)} scales for {len(axes)} axes")
+        for a, v in zip(axes, scales_in):
+            scales[a] = float(v)
+    elif runtime is not None:
+        if ctx.shape(node.inputs[1 if node.op_type == "Upsample" or ctx.graph.opset < 11
+                                  else 2])[0] != len(axes):
+            raise unsupported(node, f"the scales input should have {len(axes)} values")
+        for k, a in enumerate(axes):
+            scales[a], exprs[a] = None, f"double({runtime}({k}))"
+    else:
+        raise unsupported(node, "one of scales or sizes must be given")
+    for d in range(r):
+        if scales[d] is not None:
+            if scales[d] <= 0:
+                raise unsupported(node, f"scale {scales[d]} on axis {d}")
+            exprs[d] = repr(float(scales[d]))
+    return scales, exprs, mode, coord, nearest
+
+
+def _coord_expr(coord: str, i: str, n_in: int, n_out: int, scale: float | None,
+                S: str) -> str:
+    """The source coordinate (double) of output index ``i`` (``S``: the scale)."""
+    fi = f"double({i})"
+    width = f"({S} * {float(n_in)!r})"
+
+    def when_width_one(one: str, other: str) -> str:
+        if scale is None:
+            return f"({width} == 1.0 ? {one} : {other})"
+        return one if scale * n_in == 1 else other
+
+    if coord == "align_corners":
+        return when_width_one("0.0", f"{fi} * {float(n_in - 1)!r} / ({width} - 1.0)")
+    if coord == "asymmetric":
+        return f"{fi} / {S}"
+    if coord == "pytorch_half_pixel":
+        return when_width_one("(-0.5)", f"(({fi} + 0.5) / {S} - 0.5)")
+    if coord == "half_pixel_symmetric":
+        off = f"{n_in / 2!r} * (1.0 - {float(n_out)!r} / {width})"
+        return f"({off} + ({fi} + 0.5) / {S} - 0.5)"
+    if coord == "tf_half_pixel_for_nn":
+        return f"({fi} + 0.5) / {S}"
+    return f"(({fi} + 0.5) / {S} - 0.5)"
+
+
+_ROUND = {"floor": "{f}", "ceil": "ceil({x})",
+          "round_prefer_floor": "({x} - {f} <= 0.5 ? {f} : {f} + 1.0)",
+          "round_prefer_ceil": "({x} - {f} < 0.5 ? {f} : {f} + 1.0)"}
 
 
 @register("Resize", "Upsample")
 def resize(node: Node, ctx: LowerContext) -> Lowered:
-    """Nearest: the source index of each axis is a quasi-affine function of the output
-    index, found exactly for the scale (or a sum of steps); linear: the source
-    coordinate is computed in double from the output index (``double(i)``), the two
-    neighbours are read at clamped indices and weighted."""
+    """Resize and Upsample, modes nearest and linear.
+
+    Nearest with a constant scale (or sizes): the source index of each axis is a
+    quasi-affine function of the output index, found exactly for the scale (or a sum
+    of steps). Otherwise (a scale read at run time; linear mode) the source coordinate
+    is computed in double from the output index (``double(i)``) and the indices read
+    are clamped into the input; linear weights its two neighbours on each axis.
+    """
     x, y = node.inputs[0], node.outputs[0]
     check_nonempty(node, ctx, x, y)
     dt = check_dtype(node, ctx, x, ("float32", "float64"))
     xs, ys = ctx.shape(x), ctx.shape(y)
-    scales, mode, coord, nearest = _resize_params(node, ctx)
+    scales, S, mode, coord, nearest = _resize_params(node, ctx)
     r = len(xs)
     idx = names("i", r)
     resized = [d for d in range(r)
-               if not (math.isclose(scales[d], 1.0) and xs[d] == ys[d])]
-    if mode == "nearest":
-        src = list(idx)
-        for d in resized:
-            table = _nearest_table(_source_coords(coord, xs[d], ys[d], scales[d]), nearest, xs[d])
-            e = _quasi_affine(table, idx[d], scales[d], xs[d]) or _steps(table, idx[d])
-            if e is None:
-                raise unsupported(node, f"the nearest source indices of axis {d} (scale "
-                                        f"{scales[d]}) have no compact form")
-            src[d] = e
-        return Lowered([f"{lhs(ctx.name(y), idx)} = {read(ctx.name(x), src)}"
-                        f"{where(out_ranges(idx, ys))}"])
-    if len(resized) > 3:
-        raise unsupported(node, f"linear resize of {len(resized)} axes (at most 3)")
-    lets, lo, hi, w = [], {}, {}, {}
-    for d in resized:
-        i, n_in, n_out, s = idx[d], xs[d], ys[d], scales[d]
-        fi = f"double({i})"
-        if coord == "align_corners":
-            e = "0.0" if s * n_in == 1 else f"{fi} * {float(n_in - 1)!r} / {float(s * n_in - 1)!r}"
-        elif coord == "asymmetric":
-            e = f"{fi} / {s!r}"
-        elif coord == "pytorch_half_pixel" and s * n_in == 1:
-            e = "(-0.5)"
-        elif coord == "half_pixel_symmetric":
-            off = n_in / 2 * (1 - n_out / (s * n_in))
-            e = f"{off!r} + ({fi} + 0.5) / {s!r} - 0.5"
-        elif coord == "tf_half_pixel_for_nn":
-            e = f"({fi} + 0.5) / {s!r}"
-        else:
-            e = f"({fi} + 0.5) / {s!r} - 0.5"
+               if not (scales[d] is not None and math.isclose(scales[d], 1.0)
+                       and xs[d] == ys[d]) and not (xs[d] == 1 and ys[d] == 1)]
+    lets: list[str] = []
+    src = list(idx)
+
+    def coordinate(d: int) -> tuple[str, str]:
         xv, fv = f"x{d}", f"f{d}"
-        lets += [f"{xv} = {e}", f"{fv} = floor({xv})"]
-        lo[d] = f"min(max(int64({fv}), 0), {n_in - 1})"
-        hi[d] = f"min(max(int64({fv}) + 1, 0), {n_in - 1})"
+        lets.extend([f"{xv} = {_coord_expr(coord, idx[d], xs[d], ys[d], scales[d], S[d])}",
+                     f"{fv} = floor({xv})"])
+        return xv, fv
+
+    def clamp(e: str, n: int) -> str:
+        return f"min(max({e}, 0), {n - 1})"
+
+    if mode == "nearest":
+        for d in resized:
+            e = None
+            if scales[d] is not None:
+                xv = _source_coords(coord, xs[d], ys[d], scales[d])
+                table = _nearest_table(xv, nearest, xs[d])
+                e = _quasi_affine(table, idx[d], scales[d], xs[d]) or _steps(table, idx[d])
+            if e is None:
+                xv, fv = coordinate(d)
+                e = clamp(f"int64({_ROUND[nearest].format(x=xv, f=fv)})", xs[d])
+            src[d] = e
+        clauses = ", ".join(lets + [f"{i} in 0:{n}" for i, n in zip(idx, ys)])
+        return Lowered([f"{lhs(ctx.name(y), idx)} = {read(ctx.name(x), src)} where {clauses}"])
+    if len(resized) > 4:
+        raise unsupported(node, f"linear resize of {len(resized)} axes (at most 4)")
+    lo, hi, w = {}, {}, {}
+    for d in resized:
+        xv, fv = coordinate(d)
+        lo[d] = clamp(f"int64({fv})", xs[d])
+        hi[d] = clamp(f"int64({fv}) + 1", xs[d])
         w[d] = f"({xv} - {fv})"
     terms = []
     for corner in range(2 ** len(resized)):
@@ -703,6 +760,6 @@ def resize(node: Node, ctx: LowerContext) -> Lowered:
             src[d] = hi[d] if up else lo[d]
             ws.append(w[d] if up else f"(1.0 - {w[d]})")
         terms.append(" * ".join(ws + [f"double({read(ctx.name(x), src)})"]))
-    value = " + ".join(terms) if terms else f"double({read(ctx.name(x), idx)})"
+    value = " + ".join(terms)
     clauses = ", ".join(lets + [f"{i} in 0:{n}" for i, n in zip(idx, ys)])
     return Lowered([f"{lhs(ctx.name(y), idx)} = {TC_TYPE[dt]}({value}) where {clauses}"])

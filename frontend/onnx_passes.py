@@ -53,7 +53,8 @@ ELEMENTWISE_OPS = frozenset([
     "Erf", "Gelu", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil",
     "Softplus", "Softsign", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sign", "Sin", "Cos",
     "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round",
-    "Mod", "Cast", "CastLike", "IsNaN", "IsInf", "Mish", "BatchNormalization"])
+    "Mod", "Cast", "CastLike", "IsNaN", "IsInf", "Mish", "BatchNormalization", "Swish",
+    "Shrink"])
 #: the largest fusion group
 MAX_GROUP = 6
 
@@ -377,7 +378,7 @@ def _fold_bn_into(p: Node, s: np.ndarray, bias: np.ndarray, mean: np.ndarray,
     n_cols = w.shape[0] if trans_b else w.shape[1]
     if n_cols != s.shape[0]:
         return None
-    alpha, beta = float(p.attrs.get("alpha", 1.0)), float(p.attrs.get("beta", 1.0))
+    beta = float(p.attrs.get("beta", 1.0))  # alpha stays: alpha * A (B s)
     c_name = p.inputs[2] if len(p.inputs) > 2 else ""
     c = constants.get(c_name) if c_name else None
     if c_name and c is None:

@@ -28,7 +28,7 @@ def _ops(case) -> set[str]:
 
 
 def _array(x):
-    return numpy_helper.to_array(x) if not isinstance(x, np.ndarray) else x
+    return x if isinstance(x, (np.ndarray, np.generic)) else numpy_helper.to_array(x)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

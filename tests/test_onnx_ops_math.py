@@ -381,7 +381,38 @@ NORMS = [
                                                        bias=2.0), ref="ort", id="LRN-5"),
 ]
 
-ALL = BINARY + UNARY + CLIP + CASTS + MATMUL + _reduce_cases() + SOFTMAX + NORMS
+MORE = [
+    case("Swish", [("x", x235)], attrs=dict(alpha=0.7), opset=24),
+    case("Shrink", [("x", x235)], attrs=dict(lambd=0.4, bias=0.1)),
+    case("RMSNormalization", [("x", x235)], inits=[("s", rand((5,)))], opset=23),
+    case("RMSNormalization", [("x", x235), ("s", rand((3, 5)))], attrs=dict(axis=1),
+         opset=23, id="RMSNormalization-axis1"),
+    # onnx's reference sums x, not |x|, for p=1
+    case("LpNormalization", [("x", x235)], attrs=dict(axis=1, p=1), ref="ort"),
+    case("LpNormalization", [("x", x235)]),
+    case("Trilu", [("x", x235)], inits=[("k", np.array(1, I64))], id="Trilu-upper-k1"),
+    case("Trilu", [("x", rand((3, 4), I64)), ("k", np.array(-1, I64))],
+         attrs=dict(upper=0), id="Trilu-lower-k-input"),
+    case("EyeLike", [("x", rand((3, 5)))], attrs=dict(k=2, dtype=onnx.TensorProto.INT64),
+         opset=22),
+    case("CumSum", [("x", x235)], inits=[("axis", np.array(1, I64))], id="CumSum-axis1"),
+    case("CumSum", [("x", rand((3, 4), I32))], inits=[("axis", np.array(-1, I64))],
+         attrs=dict(exclusive=1, reverse=1), id="CumSum-excl-rev-int32"),
+    case("CumSum", [("x", x235)], inits=[("axis", np.array(0, I64))],
+         attrs=dict(reverse=1), id="CumSum-reverse"),
+    case("CumProd", [("x", x235)], inits=[("axis", np.array(2, I64))],
+         attrs=dict(exclusive=1), opset=26, id="CumProd-exclusive"),
+    case("Einsum", [("a", rand((2, 3, 4))), ("b", rand((2, 4, 5)))],
+         attrs=dict(equation="bij,bjk->bik"), opset=12, id="Einsum-bmm"),
+    case("Einsum", [("a", rand((3, 3)))], attrs=dict(equation="ii"), opset=12,
+         id="Einsum-trace-implicit"),
+    case("Einsum", [("a", rand((2, 3, 4))), ("b", rand((1, 4, 5)))],
+         attrs=dict(equation="...ij,...jk->...ik"), opset=12, id="Einsum-ellipsis-bcast"),
+    case("Einsum", [("a", rand((3, 4))), ("b", rand((4,)))],
+         attrs=dict(equation="ij,j->ji"), opset=12, id="Einsum-elementwise"),
+]
+
+ALL = BINARY + UNARY + CLIP + CASTS + MATMUL + _reduce_cases() + SOFTMAX + NORMS + MORE
 
 
 def _model_of(c):

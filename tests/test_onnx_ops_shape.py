@@ -230,6 +230,29 @@ def test_resize_nearest_is_affine():
     assert "?" not in src and "min(" not in src
 
 
+@pytest.mark.parametrize("mode,coord,nearest", [
+    ("nearest", "half_pixel", "round_prefer_floor"), ("nearest", "asymmetric", "floor"),
+    ("nearest", "align_corners", "round_prefer_ceil"), ("nearest", "pytorch_half_pixel", "ceil"),
+    ("linear", "half_pixel", "floor"), ("linear", "align_corners", "floor"),
+    ("linear", "half_pixel_symmetric", "floor")])
+def test_resize_runtime_scales(mode, coord, nearest):
+    """Scales given at run time: the coordinates are computed from the scales tensor.
+    (Binary fractions with integral output widths: onnxruntime computes in float32 and
+    with integer widths, the reference in float64 with scale * width.)"""
+    scales = np.array([1, 1, 1.5, 0.625], np.float32)
+    check_node("Resize", dict(x=rand(1, 2, 4, 8), scales=scales), _inputs=["x", "", "scales"],
+               opset=18,
+               mode=mode, coordinate_transformation_mode=coord, nearest_mode=nearest)
+
+
+def test_resize_runtime_sizes():
+    """Sizes given at run time: the (static) output shape gives them."""
+    check_node("Resize", dict(x=X, sizes=ints(1, 2, 9, 4)), _inputs=["x", "", "", "sizes"],
+               opset=18, mode="linear")
+    check_node("Resize", dict(x=X, sizes=ints(1, 2, 9, 4)), _inputs=["x", "", "", "sizes"],
+               opset=18, mode="nearest")
+
+
 def test_upsample():
     check_node("Upsample", dict(x=X), consts=dict(s=np.array([1, 1, 2, 3], np.float32)),
                opset=9, mode="nearest")

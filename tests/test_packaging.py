@@ -160,7 +160,7 @@ def _top(name: str) -> str:
     return name.split(".")[0]
 
 
-THIRD_PARTY = {"frontend": {"numpy", "islpy"}, "codegen": {"numpy", "islpy", "cgen"}}
+THIRD_PARTY = {"frontend": {"numpy", "islpy", "onnx"}, "codegen": {"numpy", "islpy", "cgen"}}
 ALLOWED_CORE = {"frontend": {"polyc.ir", "polyc.expr", "polyc.errors", "polyc.program"},
                 "codegen": {"polyc.ir", "polyc.expr", "polyc.errors", "polyc.options",
                             "polyc.program"}}
