@@ -3,8 +3,9 @@
 One top-down walk over the schedule tree. At each band:
 
 1. **order** (permutable bands): coincident members first, then the others, and the
-   best stride-1 coincident member (see :mod:`.vector`) last, so the innermost point
-   loop is the vector loop — isl's own order often puts a reduction innermost;
+   most contiguous member (see :mod:`.vector` and :func:`_innermost_member`) last, so
+   the innermost point loop is the vector loop — isl's own order often puts a
+   reduction innermost — unless a reduction loop is the contiguous one;
 2. **tile** (permutable bands of two or more members) with ``Options.tile`` sizes or
    the default rule;
 3. **parallel**: the outermost coincident member on the path becomes ``omp parallel
@@ -54,10 +55,11 @@ def _visit(node: isl.ScheduleNode, kernel: Kernel, options: Options,
 def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                 parallel_done: bool, tile: bool) -> isl.ScheduleNode:
     marks_above = 0  # marks inserted above ``node``: climb back over them at the end
-    vec = _vector_member(node, kernel) if options.vectorize and _is_leaf_band(node) else None
+    inner, simd = _innermost_member(node, kernel) if _is_leaf_band(node) else (None, False)
+    vec = inner if simd and options.vectorize else None
     did_tile = False
     if node.band_get_permutable() and node.band_n_member() > 1:
-        node = tiling.permute_band(node, _member_order(node, vec))
+        node = tiling.permute_band(node, _member_order(node, inner))
         vec = None if vec is None else node.band_n_member() - 1
         sizes = _tile_sizes(node, options, vec)
         if tile and sizes is not None:
@@ -98,25 +100,33 @@ def _is_leaf_band(node: isl.ScheduleNode) -> bool:
     return not has_band(node)
 
 
-def _vector_member(node: isl.ScheduleNode, kernel: Kernel) -> int | None:
-    """The coincident member with the best positive stride-1 score (the last on ties)."""
+def _innermost_member(node: isl.ScheduleNode, kernel: Kernel) -> tuple[int | None, bool]:
+    """The member to run innermost, and whether it is a SIMD loop.
+
+    The coincident member with the best positive stride-1 score (the last on ties) is a
+    vector loop. A non-coincident (reduction) member wins instead when its accesses are
+    strictly more contiguous -- ``Y(n,o) +=! X(n,i) * W(o,i)`` (a Gemm with transB) must
+    run ``i`` innermost, or every ``W`` access strides a whole row; it stays scalar.
+    """
     flags = tiling.coincident_flags(node)
-    best, best_score = None, 0
-    candidates = range(node.band_n_member()) if node.band_get_permutable() \
-        else [node.band_n_member() - 1]
+    n = node.band_n_member()
+    candidates = range(n) if node.band_get_permutable() else [n - 1]
+    best: dict[bool, tuple[int | None, int]] = {True: (None, 0), False: (None, 0)}
     for i in candidates:
-        if flags[i]:
-            score = stride_score(kernel, node, i)
-            if score > 0 and score >= best_score:
-                best, best_score = i, score
-    return best
+        score = stride_score(kernel, node, i)
+        if score > 0 and score >= best[flags[i]][1]:
+            best[flags[i]] = (i, score)
+    if best[False][0] is not None and best[False][1] > best[True][1]:
+        return best[False][0], False
+    return best[True][0], best[True][0] is not None
 
 
-def _member_order(node: isl.ScheduleNode, vec: int | None) -> list[int]:
+def _member_order(node: isl.ScheduleNode, inner: int | None) -> list[int]:
+    """Coincident members first (outer parallelism), then the others, ``inner`` last."""
     flags = tiling.coincident_flags(node)
-    members = [i for i in range(node.band_n_member()) if i != vec]
+    members = [i for i in range(node.band_n_member()) if i != inner]
     order = [i for i in members if flags[i]] + [i for i in members if not flags[i]]
-    return order + ([vec] if vec is not None else [])
+    return order + ([inner] if inner is not None else [])
 
 
 def _tile_sizes(node: isl.ScheduleNode, options: Options, vec: int | None) -> list[int] | None:
