@@ -26,7 +26,7 @@ import numpy as np
 
 from polyc.errors import CompileError, InternalError
 from polyc.ir import Kernel
-from polyc.program import Buffer, Program, Step
+from polyc.program import Buffer, Program, Step, alias_root
 
 from .onnx_graph import (
     REGISTRY,
@@ -243,12 +243,7 @@ class _ProgramBuilder:
 
     # -- copies of graph outputs that no step writes ------------------------------------
     def root(self, name: str) -> str:
-        bases = dict(self.aliases)
-        seen = set()
-        while name in bases and name not in seen:
-            seen.add(name)
-            name = bases[name]
-        return name
+        return alias_root(self.aliases, name)
 
     def info(self, name: str) -> TensorInfo:
         if name in self.extra:

@@ -70,9 +70,14 @@ class Program:
 
     def root(self, name: str) -> str:
         """The buffer whose storage ``name`` uses (following aliases)."""
-        bases = dict(self.aliases)
-        seen = set()
-        while name in bases and name not in seen:
-            seen.add(name)
-            name = bases[name]
-        return name
+        return alias_root(self.aliases, name)
+
+
+def alias_root(aliases: tuple[tuple[str, str], ...] | list[tuple[str, str]], name: str) -> str:
+    """Follow ``(view, base)`` aliases from ``name`` to the buffer that owns the storage."""
+    bases = dict(aliases)
+    seen = set()
+    while name in bases and name not in seen:
+        seen.add(name)
+        name = bases[name]
+    return name
