@@ -10,6 +10,7 @@ accumulates into zeros.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,10 +32,24 @@ _LIBRARIES: dict[str, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
 
 
+def _bind_threads() -> None:
+    """Bind OpenMP threads to cores unless the user chose otherwise.
+
+    Unbound two-thread runs on a shared machine swing by several times; libgomp reads
+    ``OMP_PROC_BIND`` once, when it is loaded, so this must run before the first polyc
+    library (which pulls libgomp in) is loaded. It has no effect if libgomp is already
+    in the process, and none on a user who set ``OMP_PROC_BIND`` themselves.
+    """
+    if "OMP_PROC_BIND" not in os.environ and "OMP_PLACES" not in os.environ:
+        os.environ["OMP_PROC_BIND"] = "close"
+
+
 def load_library(path: str) -> ctypes.CDLL:
     """The loaded shared library at ``path`` (loaded once per process)."""
     with _LOCK:
         if path not in _LIBRARIES:
+            if not _LIBRARIES:
+                _bind_threads()
             _LIBRARIES[path] = ctypes.CDLL(path)
         return _LIBRARIES[path]
 
