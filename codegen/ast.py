@@ -16,10 +16,19 @@ matches the two::
 
 The AST is built in ``kernel.context`` so that isl never emits a guard the size
 constraints already imply.
+
+A ``"register:<statement>:<box>:<vector bits>"`` mark (``polyc.schedule.register_tile``) asks for
+the statement's write footprint below it to live in a local accumulator array. When isl
+has generated such a mark, :func:`build_ast` computes, with the AST build at that point,
+the first element and the extent of the footprint in each array dimension as isl AST
+expressions of the loops around it (a register tile at an array edge is smaller), keeps
+them in a :class:`Promotion` and annotates the AST mark node with the key of that
+record (isl may generate one mark several times: full and partial tiles).
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import islpy as isl
 
@@ -31,15 +40,87 @@ LOOP_MARKS = ("parallel", "simd")
 _ITERATOR = re.compile(r"polyc_c([0-9]+)")
 
 
-def build_ast(kernel: Kernel, schedule: isl.Schedule) -> isl.AstNode:
-    """The isl AST of ``schedule``, with depth-named iterators and depth-tagged marks."""
+@dataclass(frozen=True)
+class Promotion:
+    """The accumulator of one generated ``register`` mark: the statement and array, the
+    box of the accumulator (per array dimension), and per dimension the first element
+    (``lo``) and the extent minus one (``span``) of the footprint, as isl AST expressions."""
+    stmt: str
+    array: str
+    box: tuple[int, ...]
+    lo: tuple[isl.AstExpr, ...]
+    span: tuple[isl.AstExpr, ...]
+    #: the vector width the scheduler sized the tile for (512: ask gcc for zmm registers)
+    vector_bits: int = 0
+
+
+def parse_register_mark(name: str) -> tuple[str, tuple[int, ...], int] | None:
+    """``("S1", (8, 64), 512)`` for the mark ``"register:S1:8,64:512"``; else None."""
+    parts = name.split(":")
+    if len(parts) != 4 or parts[0] != "register":
+        return None
+    try:
+        return parts[1], tuple(int(s) for s in parts[2].split(",")), int(parts[3])
+    except ValueError:
+        return None
+
+
+def build_ast(kernel: Kernel, schedule: isl.Schedule,
+              promotions: dict[str, Promotion] | None = None) -> isl.AstNode:
+    """The isl AST of ``schedule``, with depth-named iterators and depth-tagged marks.
+
+    ``register`` marks are annotated with a key of ``promotions`` (filled here)."""
     annotated, depth = annotate_marks(schedule)
     ctx = schedule.get_ctx()
     ids = isl.IdList.alloc(ctx, depth)
     for d in range(depth):
         ids = ids.add(isl.Id(f"polyc_c{d}", context=ctx))
     build = isl.AstBuild.from_context(kernel.context).set_iterators(ids)
-    return build.node_from_schedule(annotated)
+    promotions = {} if promotions is None else promotions
+    errors: list[BaseException] = []
+
+    def after_mark(node: isl.AstNode, at: isl.AstBuild) -> isl.AstNode:
+        # an exception raised inside an isl callback crashes the process: collect it
+        try:
+            parsed = parse_register_mark(node.mark_get_id().get_name())
+            if parsed is None:
+                return node
+            key = f"polyc_promotion{len(promotions)}"
+            promotions[key] = _promotion(kernel, *parsed, at)
+            return node.set_annotation(isl.Id(key, context=ctx))
+        except BaseException as e:  # noqa: BLE001 -- re-raised after isl returns
+            errors.append(e)
+            return node
+
+    build, handle = build.set_after_each_mark(after_mark)
+    tree = build.node_from_schedule(annotated)
+    del handle
+    if errors:
+        raise InternalError(f"register promotion failed: {errors[0]}") from errors[0]
+    return tree
+
+
+def _promotion(kernel: Kernel, stmt_name: str, box: tuple[int, ...], bits: int,
+               build: isl.AstBuild) -> Promotion:
+    s = kernel.statement(stmt_name)
+    sched = build.get_schedule().intersect_domain(isl.UnionSet.from_set(s.domain))
+    write = isl.UnionMap.from_map(s.write.relation(s.domain))
+    fp_u = sched.reverse().apply_range(write)
+    if fp_u.n_map() != 1:
+        raise InternalError(f"the footprint of {stmt_name} at its register mark is {fp_u}")
+    fp = fp_u.get_map_list().get_at(0).reset_tuple_id(isl.dim_type.out)
+    rank = fp.dim(isl.dim_type.out)
+    if rank != len(box):
+        raise InternalError(f"register mark of {stmt_name}: box {box} for a rank-{rank} write")
+    los, spans = [], []
+    for d in range(rank):
+        proj = fp.project_out(isl.dim_type.out, d + 1, rank - d - 1).project_out(
+            isl.dim_type.out, 0, d)
+        lo = proj.lexmin_pw_multi_aff().get_pw_aff(0)
+        hi = proj.lexmax_pw_multi_aff().get_pw_aff(0)
+        los.append(build.expr_from_pw_aff(lo))
+        spans.append(build.expr_from_pw_aff(hi.sub(lo)))
+    return Promotion(stmt_name, s.write.array, box, tuple(los), tuple(spans), bits)
 
 
 def annotate_marks(schedule: isl.Schedule) -> tuple[isl.Schedule, int]:

@@ -15,6 +15,20 @@ pragmas, qualifiers, the index type. The function it generates for a kernel::
         return 0;
       }
     }
+
+Below a ``register`` mark (:mod:`polyc.schedule.register_tile`) the nest keeps one
+statement's write footprint in a local array::
+
+    {
+      float polyc_acc[8][64] __attribute__((aligned(64)));
+      const int64_t polyc_lo0 = c3, polyc_lo1 = c4;       // first element of the tile
+      for (r0 ...) #pragma omp simd for (r1 ...) polyc_acc[r0][r1] = C[...];   // copy-in
+      <loops>   ... polyc_acc[m - polyc_lo0][n - polyc_lo1] += A[...] * B[...];
+      for (r0 ...) #pragma omp simd for (r1 ...) C[...] = polyc_acc[r0][r1];   // copy-out
+    }
+
+A function with such a block asks gcc for 512-bit vectors where the CPU has them
+(``-march=native`` alone prefers 256 bits on some AVX-512 CPUs).
 """
 from __future__ import annotations
 
@@ -29,10 +43,18 @@ from polyc.errors import InternalError
 from polyc.ir import Kernel, Statement
 from polyc.options import Options
 
-from .ast import build_ast, loop_depth, parse_mark, size_check
+from .ast import (
+    Promotion,
+    build_ast,
+    loop_depth,
+    parse_mark,
+    parse_register_mark,
+    size_check,
+)
 from .c_expr import (
     CTYPES,
     PRELUDE,
+    ADD,
     PRIMARY,
     BodyPrinter,
     Namer,
@@ -71,6 +93,10 @@ class CDialect:
     parallel_simd_pragma: str | None = None
     #: clause appended to the parallel pragma when ``options.threads`` is set
     threads_clause = ""
+    #: written before a function holding register tiles on a CPU with 512-bit vectors
+    wide_vector_attribute = '__attribute__((target("prefer-vector-width=512")))'
+    #: qualifiers of a register tile's local accumulator array
+    accumulator_attribute = "__attribute__((aligned(64)))"
 
     def loop_pragmas(self, parallel: bool, simd: bool, options: Options) -> list[str]:
         """The pragmas to put before a loop the schedule marked parallel and/or simd."""
@@ -120,9 +146,13 @@ def generate_function(kernel: Kernel, schedule: isl.Schedule, options: Options |
     options = options or Options()
     dialect = dialect or OpenMPDialect()
     sym = _Symbols.of(kernel, name)
-    body = _Walker(kernel, sym, dialect, options).node(build_ast(kernel, schedule), (), False)
+    promotions: dict[str, Promotion] = {}
+    tree = build_ast(kernel, schedule, promotions)
+    body = _Walker(kernel, sym, dialect, options, promotions).node(tree, (), False)
     storage = "static " if static else ""
-    fn = _function(kernel, sym, dialect, body, storage)
+    wide = any(p.vector_bits >= 512 for p in promotions.values())
+    attributes = dialect.wide_vector_attribute if wide else ""
+    fn = _function(kernel, sym, dialect, body, storage, attributes)
     params = _parameters(kernel, sym, dialect)
     return CFunction(sym.function, _describe(kernel, sym, dialect),
                      str(_declaration(kernel, sym, dialect, storage)), str(fn),
@@ -174,9 +204,13 @@ Pending = tuple[tuple[str, int], ...]
 class _Walker:
     """isl AST -> list of cgen nodes; ``pending`` carries loop marks down to their loop."""
 
-    def __init__(self, kernel: Kernel, sym: _Symbols, dialect: CDialect, options: Options):
+    def __init__(self, kernel: Kernel, sym: _Symbols, dialect: CDialect, options: Options,
+                 promotions: dict[str, Promotion] | None = None):
         self.kernel, self.sym, self.dialect, self.options = kernel, sym, dialect, options
         self.isl_names = dict(sym.sizes)  # isl identifier -> C (sizes, then loop iterators)
+        self.promotions = promotions or {}
+        #: arrays held in a local accumulator here: array -> (C name, [(dim, offset name)])
+        self.promoted: dict[str, tuple[str, list[tuple[int, str]]]] = {}
 
     def node(self, n: isl.AstNode, pending: Pending, in_parallel: bool) -> list[cgen.Generable]:
         t = n.get_type()
@@ -192,11 +226,55 @@ class _Walker:
                      if n.if_has_else_node() else None)
             return [cgen.If(self._isl(n.if_get_cond()).text, then, other)]
         if t == isl.ast_node_type.mark:
-            mark = parse_mark(n.mark_get_id().get_name())
+            name = n.mark_get_id().get_name()
+            if parse_register_mark(name) is not None:
+                return self._promoted(self.promotions[n.get_annotation().get_name()],
+                                      n.mark_get_node(), pending, in_parallel)
+            mark = parse_mark(name)
             return self.node(n.mark_get_node(), pending + ((mark,) if mark else ()), in_parallel)
         if t == isl.ast_node_type.user:
             return [self._user(n.user_get_expr())]
         raise InternalError(f"unexpected isl AST node type {t}")
+
+    def _promoted(self, p: Promotion, body: isl.AstNode, pending: Pending,
+                  in_parallel: bool) -> list[cgen.Generable]:
+        """The block of a register tile: accumulator, copy-in, ``body``, copy-out."""
+        if p.array in self.promoted:
+            raise InternalError(f"nested register tiles of {p.array}")
+        dtype = self.kernel.array(p.array).dtype
+        it = self.dialect.index_type
+        kept = [d for d, size in enumerate(p.box) if size > 1] or [len(p.box) - 1]
+        acc = "polyc_acc"
+        code: list[cgen.Generable] = [cgen.Statement(
+            f"{CTYPES[dtype]} {acc}{''.join(f'[{p.box[d]}]' for d in kept)} "
+            f"{self.dialect.accumulator_attribute}".rstrip())]
+        code += [cgen.Statement(f"const {it} polyc_lo{d} = {self._isl(e).text}")
+                 for d, e in enumerate(p.lo)]
+        spans = {d: self._isl(p.span[d]).at(ADD) for d in kept}
+        names = {f"polyc_i{d}": f"(polyc_lo{d} + polyc_r{d})" if d in kept else f"polyc_lo{d}"
+                 for d in range(len(p.box))}
+        printer = self.sym.printer(self.kernel, names)
+        element = printer.element(p.array, tuple(E.Index(f"polyc_i{d}")
+                                                 for d in range(len(p.box)))).text
+        local = acc + "".join(f"[polyc_r{d}]" for d in kept)
+
+        def copy(stmt: str) -> cgen.Generable:
+            loop: cgen.Generable = cgen.Statement(stmt)
+            body: list[cgen.Generable] = [loop]
+            for depth, d in enumerate(reversed(kept)):
+                loop = cgen.For(f"{it} polyc_r{d} = 0", f"polyc_r{d} <= {spans[d]}",
+                                f"polyc_r{d} += 1", _block(body))
+                simd = depth == 0 and self.options.vectorize and self.dialect.simd_pragma
+                body = [cgen.Pragma(self.dialect.simd_pragma), loop] if simd else [loop]
+            return _block(body)
+
+        self.promoted[p.array] = (acc, [(d, f"polyc_lo{d}") for d in kept])
+        try:
+            inner = self.node(body, pending, in_parallel)
+        finally:
+            del self.promoted[p.array]
+        return [cgen.Block(code + [copy(f"{local} = {element}")] + inner
+                           + [copy(f"{element} = {local}")])]
 
     def _isl(self, e: isl.AstExpr) -> Piece:
         return isl_expr(e, self.isl_names)
@@ -236,6 +314,7 @@ class _Walker:
                 decls.append(cgen.Statement(
                     f"const {self.dialect.index_type} {index_names[it]} = {value}"))
         printer = self.sym.printer(self.kernel, index_names)
+        printer.promoted = self.promoted
         dtype = self.kernel.array(stmt.write.array).dtype
         target = printer.element(stmt.write.array, stmt.write.indices)
         code = cgen.Statement(update(stmt.op, target, printer.expr(stmt.value, dtype), dtype))
@@ -272,7 +351,8 @@ def _declaration(kernel: Kernel, sym: _Symbols, dialect: CDialect,
 
 
 def _function(kernel: Kernel, sym: _Symbols, dialect: CDialect,
-              body: list[cgen.Generable], storage: str = "") -> cgen.FunctionBody:
+              body: list[cgen.Generable], storage: str = "",
+              attributes: str = "") -> cgen.FunctionBody:
     temps = [(sym.arrays[a.name], CTYPES[a.dtype], a.shape) for a in kernel.temporaries]
     printer = sym.printer(kernel, {})
     inner: list[cgen.Generable] = []
@@ -299,6 +379,7 @@ def _function(kernel: Kernel, sym: _Symbols, dialect: CDialect,
     text = "\n".join(str(g) for g in outer)
     unused = [cgen.Statement(f"(void){p.name}") for p in _parameters(kernel, sym, dialect)
               if not _mentions(text, p.name)]
+    storage = " ".join(filter(None, (attributes, storage.strip())))
     return cgen.FunctionBody(_declaration(kernel, sym, dialect, storage),
                              cgen.Block(unused + outer))
 

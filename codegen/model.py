@@ -1,5 +1,8 @@
 """A whole :class:`polyc.program.Program` as one C translation unit, header and weights
-layout.
+layout. (For the build, the kernels are also dealt out over a few translation units
+that gcc compiles in parallel and links into the same library:
+:func:`polyc.codegen.model_c.translation_units`; the one unit stays what ``c_source``
+shows and the ``.c`` file holds.)
 
 The translation unit holds, in order: the header's declarations, the prelude once,
 one ``static`` function per *distinct* kernel (steps whose kernels are equal up to the
@@ -20,6 +23,7 @@ element (the kernel contract: outputs start at zero) -- see :func:`reads_initial
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -66,13 +70,18 @@ class ModelSource:
     #: (step index, function name) and the number of distinct functions
     calls: tuple[tuple[int, str], ...]
     functions: int
+    #: the translation units the library is built from, compiled in parallel (one:
+    #: ``text`` itself); ``text`` is the whole library in one unit, for reading
+    units: tuple[str, ...] = ()
 
 
 def generate_model(program: Program, schedule: Scheduler, options: Options | None = None,
                    *, name: str | None = None, dialect: CDialect | None = None,
-                   progress: Callable[[str], None] | None = None) -> ModelSource:
+                   progress: Callable[[str], None] | None = None,
+                   jobs: int | None = None) -> ModelSource:
     """C for ``program``; ``schedule`` runs the pipeline's scheduling stages on a kernel
-    (called once per distinct kernel)."""
+    (called once per distinct kernel). The kernels are split over ``jobs`` translation
+    units (default: one per CPU this process may run on) for a parallel build."""
     options = options or Options()
     say = progress or (lambda _msg: None)
     prefix = sanitize(name or program.name or "model")
@@ -85,8 +94,19 @@ def generate_model(program: Program, schedule: Scheduler, options: Options | Non
             for i, step in enumerate(program.steps)}
     parts = model_c.Parts(prefix, program, inputs, outputs, storage, layout, plan, copies,
                           calls, zero, functions)
-    return ModelSource(prefix, model_c.translation_unit(parts), model_c.header(parts),
-                       inputs, outputs, layout, plan, storage, tuple(calls), len(functions))
+    text = model_c.translation_unit(parts)
+    units = model_c.translation_units(parts, build_jobs() if jobs is None else jobs, text)
+    return ModelSource(prefix, text, model_c.header(parts),
+                       inputs, outputs, layout, plan, storage, tuple(calls), len(functions),
+                       units)
+
+
+def build_jobs() -> int:
+    """How many C compilers to run at once: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 # -- storage -----------------------------------------------------------------------------

@@ -38,7 +38,7 @@ def write_model_files(source: ModelSource, weights_blob: bytes, options: Options
                       output_dir: str | None = None) -> tuple[ModelFiles, str]:
     """Build and write everything; returns the files (in ``output_dir`` when given,
     else in the cache) and the content-addressed cached library to load."""
-    cached = build_model_library(source.text, source.name, options)
+    cached = build_model_library(source.text, source.name, options, units=source.units)
     base = cached[:-len(".so")]
     _write_if_changed(base + ".h", source.header.encode())
     weights = os.path.join(options.cache_dir, f"{source.name}-{digest(weights_blob)}.weights")

@@ -5,6 +5,11 @@ flags, compiler version): ``<cache>/<function>-<hash>.so`` with the source kept 
 as ``.c``. Concurrent builds of the same source are safe: each process compiles into a
 private temporary name in the cache directory, then ``os.replace`` publishes the result
 atomically (the last writer wins, and every writer wrote the same bytes).
+
+A model's library may come from several translation units
+(:func:`build_model_library`): they are compiled to objects in parallel in a private
+build directory, linked, and the library published the same way; its key hashes every
+unit, and the ``.c`` beside it is the whole library as one unit.
 """
 from __future__ import annotations
 
@@ -13,8 +18,11 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from polyc.errors import ToolchainError
 from polyc.options import Options
@@ -117,6 +125,75 @@ def _write_atomically(path: str, text: str) -> None:
         raise
 
 
-def build_model_library(text: str, name: str, options: Options) -> str:
-    """Compile a model's translation unit (cached like :func:`build_shared`)."""
-    return build_shared(text, options, stem=name)
+def build_model_library(text: str, name: str, options: Options,
+                        units: Sequence[str] | None = None) -> str:
+    """Compile a model's library (cached like :func:`build_shared`).
+
+    ``units``, when there are several, are translation units compiled in parallel
+    (:func:`build_units`) and linked into the one library; ``text`` (the whole library
+    as one unit) is then kept beside it as its ``.c``. The cache key covers every unit.
+    """
+    if not units or len(units) <= 1:
+        return build_shared(text if not units else units[0], options, stem=name)
+    os.makedirs(options.cache_dir, exist_ok=True)
+    key = cache_key(json.dumps(["polyc-units", list(units)]), options)
+    base = os.path.join(options.cache_dir, f"{name}-{key[:32]}")
+    library = base + ".so"
+    if os.path.exists(library):
+        return library
+    _write_atomically(base + ".c", text)
+    build_units(list(units), options, base)
+    return library
+
+
+def link_command(options: Options, objects: Sequence[str], output_path: str) -> list[str]:
+    return [options.cc, *compiler_flags(options), "-o", output_path, *objects, *LIBS]
+
+
+def build_units(units: list[str], options: Options, base: str,
+                jobs: int | None = None) -> None:
+    """Compile each of ``units`` to an object (``jobs`` compilers at a time, default one
+    per unit), link them into ``<base>.so`` (published atomically). A unit the
+    compiler refuses is kept as ``<base>.u<i>.c`` for the error."""
+    work = tempfile.mkdtemp(prefix=os.path.basename(base) + ".", suffix=".build",
+                            dir=os.path.dirname(base))
+    try:
+        sources = [os.path.join(work, f"u{i}.c") for i in range(len(units))]
+        objects = [os.path.join(work, f"u{i}.o") for i in range(len(units))]
+        for path, unit in zip(sources, units):
+            with open(path, "w") as f:
+                f.write(unit)
+        commands = [[options.cc, *compiler_flags(options), "-c", "-o", obj, src]
+                    for src, obj in zip(sources, objects)]
+        with ThreadPoolExecutor(max_workers=jobs or len(units)) as pool:
+            results = list(pool.map(_run_compiler, commands))
+        for i, (command, result) in enumerate(zip(commands, results)):
+            if isinstance(result, OSError):
+                raise ToolchainError(command, 127, f"cannot run the C compiler: {result}",
+                                     _keep(sources[i], f"{base}.u{i}.c")) from result
+            if result.returncode != 0:
+                raise ToolchainError(command, result.returncode, result.stderr,
+                                     _keep(sources[i], f"{base}.u{i}.c"))
+        tmp = os.path.join(work, "lib.so")
+        command = link_command(options, objects, tmp)
+        result = _run_compiler(command)
+        if isinstance(result, OSError):
+            raise ToolchainError(command, 127, f"cannot run the C compiler: {result}",
+                                 base + ".c") from result
+        if result.returncode != 0:
+            raise ToolchainError(command, result.returncode, result.stderr, base + ".c")
+        os.replace(tmp, base + ".so")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_compiler(command: list[str]) -> subprocess.CompletedProcess[str] | OSError:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as err:
+        return err
+
+
+def _keep(path: str, kept: str) -> str:
+    shutil.copyfile(path, kept)
+    return kept

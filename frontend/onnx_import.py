@@ -215,7 +215,7 @@ def _apply_shapes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | 
             out.type.tensor_type.ClearField("shape")
 
 
-def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+def _infer_onnx(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
                                                  data_prop=True)
@@ -225,6 +225,97 @@ def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
         return onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception as e:
         raise CompileError(f"{where}: onnx shape inference failed: {_first_line(e)}") from None
+
+
+def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """onnx's shape inference, then pool output shapes corrected (see
+    :func:`_fix_pool_shapes`) and inference run again below each corrected tensor."""
+    proto = _infer_onnx(proto, where)
+    for _ in range(len(proto.graph.node) + 1):
+        if not _fix_pool_shapes(proto):
+            break
+        proto = _infer_onnx(proto, where)
+    return proto
+
+
+def _pool_dims(n: onnx.NodeProto, in_dims: Sequence[int]) -> list[int] | None:
+    """The output shape of a MaxPool/AveragePool with ``ceil_mode=1`` and explicit (or
+    VALID) padding as onnxruntime, PyTorch and onnx's reference compute it: the last
+    window is dropped if it would start inside the right padding. (onnx's shape
+    inference keeps that window, one element more than the operator produces.) None
+    where the rule does not apply."""
+    attrs = {a.name: attribute_value(a) for a in n.attribute}
+    if int(attrs.get("ceil_mode", 0)) != 1 or len(in_dims) < 3:
+        return None
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto not in ("NOTSET", "VALID"):
+        return None
+    k = len(in_dims) - 2
+    kernel = attrs.get("kernel_shape")
+    if kernel is None or len(kernel) != k:
+        return None
+    strides = attrs.get("strides") or [1] * k
+    dil = attrs.get("dilations") or [1] * k
+    pads = attrs.get("pads") if auto == "NOTSET" else None
+    pads = pads or [0] * (2 * k)
+    if len(strides) != k or len(dil) != k or len(pads) != 2 * k or min(strides) < 1:
+        return None
+    out = list(in_dims[:2])
+    for d in range(k):
+        size, begin = in_dims[d + 2], pads[d]
+        span = size + begin + pads[d + k] - ((kernel[d] - 1) * dil[d] + 1)
+        if span < 0:
+            return None
+        o = -(-span // strides[d]) + 1
+        if (o - 1) * strides[d] >= size + begin:
+            o -= 1
+        out.append(o)
+    return out
+
+
+def _fix_pool_shapes(proto: onnx.ModelProto) -> bool:
+    """Correct the inferred output shapes of ceil-mode pools (:func:`_pool_dims`); drop
+    the shapes inferred below each corrected tensor so that inference recomputes them.
+    True if anything changed."""
+    g = proto.graph
+    infos = _value_infos(proto)
+    fixed: dict[str, list[int]] = {}
+    for n in g.node:
+        if n.domain not in STANDARD_DOMAINS or n.op_type not in ("MaxPool", "AveragePool") \
+                or not n.output or not n.output[0] or not _static(infos.get(n.input[0])):
+            continue
+        in_dims = [int(d) for d in _dims(infos[n.input[0]].type)]  # type: ignore[union-attr]
+        want = _pool_dims(n, in_dims)
+        if want is None:
+            continue
+        have = infos.get(n.output[0])
+        if have is not None and _dims(have.type) == want:
+            continue
+        fixed[n.output[0]] = want
+    if not fixed:
+        return False
+    below: set[str] = set()
+    for n in g.node:  # nodes are topologically sorted
+        if any(x in fixed or x in below for x in n.input if x):
+            below.update(o for o in n.output if o and o not in fixed)
+    elem = {name: vi.type.tensor_type.elem_type for name, vi in infos.items()}
+    for vi in list(g.value_info):
+        if vi.name in fixed or vi.name in below:
+            g.value_info.remove(vi)
+    outputs = {o.name: o for o in g.output}
+    for name, dims in fixed.items():
+        if name in outputs:
+            tt = outputs[name].type.tensor_type
+            tt.shape.Clear()
+            for v in dims:
+                tt.shape.dim.add().dim_value = v
+        else:
+            g.value_info.append(helper.make_tensor_value_info(
+                name, elem.get(name) or TensorProto.FLOAT, dims))
+    for name in below:
+        if name in outputs and outputs[name].type.HasField("tensor_type"):
+            outputs[name].type.tensor_type.ClearField("shape")
+    return True
 
 
 def _first_line(e: BaseException) -> str:

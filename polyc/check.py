@@ -5,8 +5,9 @@
   (indirect) index dimensions are not checked: keeping them in bounds is the job of whoever
   wrote them (the ONNX Gather lowering clamps its indices).
 * :func:`check_schedule`: a schedule covers each statement instance, respects every
-  validity dependence (legality), and each ``parallel``/``simd`` mark sits on a loop
-  that carries no coincidence dependence.
+  validity dependence (legality), each ``parallel``/``simd`` mark sits on a loop
+  that carries no coincidence dependence, and each ``register`` mark (an accumulator
+  promoted to a local array, :mod:`polyc.schedule.register_tile`) is safe.
 
 They raise :class:`ScheduleError` / :class:`CompileError` for problems a user can
 cause (a hand-written schedule, an out-of-bounds index), with an explanation.
@@ -19,6 +20,7 @@ from . import expr as E
 from .deps import Dependences
 from .errors import CompileError, ScheduleError
 from .ir import Access, Kernel, params_prefix
+from .schedule import register_tile
 
 
 def check_accesses_in_bounds(kernel: Kernel) -> None:
@@ -88,6 +90,10 @@ def _check_marks(deps: Dependences, schedule: isl.Schedule, kernel: Kernel) -> N
         if name in ("parallel", "simd") and band.get_type() == isl.schedule_node_type.band:
             if not _member_is_parallel(band, coincidence):
                 problems.append(f"the loop marked {name!r} carries a dependence")
+        elif name.startswith(register_tile.REGISTER + ":"):
+            why = register_tile.check_mark(node, kernel)
+            if why is not None:
+                problems.append(f"the mark {name!r} is unsafe: {why}")
     if problems:
         raise ScheduleError("; ".join(problems))
 

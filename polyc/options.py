@@ -26,10 +26,15 @@ class Options:
         size repeats when a band is deeper).
     :parallel: mark the outermost coincident loop ``omp parallel for``.
     :vectorize: mark a stride-1 coincident innermost loop ``omp simd``.
+    :register_tile: register tiling of contractions (see
+        :mod:`polyc.schedule.register_tile`): ``True`` for the machine's default
+        ``(MR, NR)`` accumulator block, a tuple ``(MR, NR)``, or ``False`` for none.
     :threads: OpenMP thread count for the compiled code (None: the OpenMP default).
     :specialize: compile code for the concrete sizes of each call (cached per
         size signature) instead of code that takes sizes as parameters.
-    :cflags: extra flags for the C compiler.
+    :cflags: extra flags for the C compiler. The default, ``-ffp-contract=fast``, lets
+        gcc fuse ``a * b + c`` into one FMA instruction (``-std=c11`` turns that off;
+        the result is at least as accurate); flags given here replace it.
     :sanitize: compile with ``-fsanitize=address,undefined`` (for tests).
     :schedule: a schedule written by the user (isl union map text such as
         ``{ S0[m,n] -> [0,m,n,0]; S1[m,n,k] -> [1,m,k,n] }``); it is checked against
@@ -40,10 +45,11 @@ class Options:
     tile: bool | tuple[int, ...] = True
     parallel: bool = True
     vectorize: bool = True
+    register_tile: bool | tuple[int, int] = True
     threads: int | None = None
     specialize: bool = True
     cc: str = dataclasses.field(default_factory=lambda: os.environ.get("POLYC_CC", "gcc"))
-    cflags: tuple[str, ...] = ()
+    cflags: tuple[str, ...] = ("-ffp-contract=fast",)
     sanitize: bool = False
     #: a user schedule (isl union map or schedule tree text); checked, used as written
     schedule: str | None = None
@@ -60,6 +66,12 @@ class Options:
             raise CompileError(f"tile sizes must be positive, got {self.tile}")
         if isinstance(self.tile, list):
             object.__setattr__(self, "tile", tuple(self.tile))
+        if isinstance(self.register_tile, list):
+            object.__setattr__(self, "register_tile", tuple(self.register_tile))
+        if isinstance(self.register_tile, tuple) and (
+                len(self.register_tile) != 2 or any(int(t) < 1 for t in self.register_tile)):
+            raise CompileError(f"register_tile must be (rows, columns) of positive sizes, "
+                               f"got {self.register_tile}")
         if self.threads is not None and self.threads < 1:
             raise CompileError(f"threads must be >= 1, got {self.threads}")
 

@@ -132,3 +132,108 @@ def test_unknown_auto_pad():
     graph = dataclasses.replace(graph, nodes=(dataclasses.replace(node, attrs=attrs),))
     with pytest.raises(UnsupportedOpError, match="auto_pad='SAME_MIDDLE'.*supported"):
         lower_node(graph)
+
+
+# -- ceil_mode pool shapes: onnx's shape inference keeps a last window that starts in the
+# right padding (one element too many); the importer recomputes the shape as onnxruntime
+
+CEIL_POOLS = {
+    # (input shape, attrs): each has a dimension where inference is off by one
+    "max_7x9_k3s2_pads1021": ((1, 1, 7, 9), dict(kernel_shape=[3, 3], strides=[2, 2],
+                                                 pads=[1, 0, 2, 1])),
+    "max_1d_k3s3_pads02": ((2, 3, 8), dict(kernel_shape=[3], strides=[3], pads=[0, 2])),
+    "max_dilated": ((1, 2, 9, 6), dict(kernel_shape=[2, 2], strides=[3, 2], pads=[0, 1, 1, 1],
+                                       dilations=[2, 1])),
+    "max_3d": ((1, 1, 5, 6, 6), dict(kernel_shape=[2, 3, 2], strides=[2, 2, 3],
+                                     pads=[0, 1, 0, 1, 2, 1])),
+    # VALID: no padding, a stride longer than the kernel
+    "max_1d_valid_k2s4": ((1, 2, 8), dict(kernel_shape=[2], strides=[4], auto_pad="VALID")),
+}
+
+
+def _ceil_pool_model(op, shape, attrs, follow=True):
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node(op, ["x"], ["p"], name="pool", ceil_mode=1, **attrs)]
+    out = "p"
+    if follow:  # a consumer whose shape inference must see the corrected shape
+        nodes.append(helper.make_node("Relu", ["p"], ["r"], name="relu"))
+        nodes.append(helper.make_node("Flatten", ["r"], ["y"], name="flat", axis=1))
+        out = "y"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     list(shape))],
+                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    m.ir_version = 8
+    return m
+
+
+def _ort(model, x):
+    import onnxruntime as rt
+    return rt.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def _ceil_pool_cases():
+    for name, (shape, attrs) in CEIL_POOLS.items():
+        yield pytest.param("MaxPool", shape, attrs, id=name)
+        for cip in (0, 1):
+            yield pytest.param("AveragePool", shape, dict(attrs, count_include_pad=cip),
+                               id=f"{name.replace('max', 'avg')}_cip{cip}")
+
+
+@pytest.mark.parametrize("op,shape,attrs", list(_ceil_pool_cases()))
+def test_ceil_mode_pool_shape_matches_onnxruntime(op, shape, attrs):
+    import onnx
+
+    import polyc
+    model = _ceil_pool_model(op, shape, attrs)
+    x = rand(*shape)
+    want = _ort(model, x)
+    # the case really is one that onnx's shape inference gets wrong
+    inferred = onnx.shape_inference.infer_shapes(_ceil_pool_model(op, shape, attrs, False))
+    dims = [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim]
+    assert int(np.prod(dims)) > want.size
+    got, = polyc.compile_onnx(model)(x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_ceil_mode_pool_declared_output_shape_is_corrected():
+    """A model that declares the (wrong) inferred shape on its output, as exporters that
+    run onnx's inference write it, and a second ceil-mode pool below the first."""
+    from onnx import TensorProto, helper
+
+    import polyc
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 0, 2, 1], ceil_mode=1)
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], name="p1", **attrs),
+             helper.make_node("AveragePool", ["p"], ["y"], name="p2", kernel_shape=[2, 2],
+                              strides=[2, 2], pads=[0, 0, 1, 1], ceil_mode=1)]
+    g = helper.make_graph(nodes, "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 7, 9])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          value_info=[helper.make_tensor_value_info("p", TensorProto.FLOAT,
+                                                                    [1, 2, 5, 5])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 8
+    x = rand(1, 2, 7, 9)
+    clean = helper.make_model(helper.make_graph(nodes, "g", list(g.input), list(g.output)),
+                              opset_imports=[helper.make_opsetid("", 19)])
+    clean.ir_version = 8
+    want = _ort(clean, x)
+    got, = polyc.compile_onnx(model)(x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_ceil_mode_pool_shapes_rule():
+    from onnx import helper
+
+    from polyc.frontend.onnx_import import _pool_dims
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                            pads=[1, 0, 2, 1], ceil_mode=1)
+    assert _pool_dims(node, [1, 1, 7, 9]) == [1, 1, 4, 5]
+    same = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                            auto_pad="SAME_UPPER", ceil_mode=1)
+    assert _pool_dims(same, [1, 1, 7, 9]) is None  # inference is right there
+    floor = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2])
+    assert _pool_dims(floor, [1, 1, 7, 9]) is None

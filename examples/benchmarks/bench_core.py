@@ -1,11 +1,16 @@
 """Benchmark: polyc-compiled matmul and 2-D convolution against numpy, side by side.
 
     python3 examples/benchmarks/bench_core.py [--repeat 7] [--sizes 1024]
+                                              [--rect 1024x256x2048,...] [--no-conv]
+
+``--sizes 256,512,1024,2048`` times square matmuls; ``--rect MxKxN`` (comma-separated,
+any number) adds rectangular ones, C(M,N) = A(M,K) @ B(K,N), printed the same way.
 
 For each thread count (1, 2) the script runs itself in a child process with
 OMP_NUM_THREADS / OPENBLAS_NUM_THREADS set (both libraries read them at start-up) and
-OMP_PROC_BIND=close; within a child, polyc and numpy are timed alternately and the
-medians are compared. Each figure is printed with a correctness check against numpy.
+OMP_PROC_BIND=close; within a child, polyc and numpy are timed in separate blocks
+(their idle thread pools spin; see ``_median_pair``) and the medians are compared.
+Each figure is printed with a correctness check against numpy.
 """
 from __future__ import annotations
 
@@ -26,32 +31,57 @@ def matmul(float(M,K) A, float(K,N) B) -> (C) {
 
 
 def _median_pair(f, g, repeat):
-    """Median seconds of f and of g, timed alternately (so both see the same noise)."""
-    f(), g()  # warm up (and compile)
-    tf, tg = [], []
-    for _ in range(repeat):
-        t = time.perf_counter(); f(); tf.append(time.perf_counter() - t)
-        t = time.perf_counter(); g(); tg.append(time.perf_counter() - t)
-    tf.sort(), tg.sort()
-    return tf[len(tf) // 2], tg[len(tg) // 2]
+    """Median seconds of f and of g, each timed in its own block of runs.
+
+    Not interleaved: after a call, OpenBLAS's and libgomp's idle threads busy-wait
+    (OpenBLAS's for up to ~0.1 s), and on this 2-core machine two spinning pools starve
+    each other: alternating calls at 2 threads measured a 100x37x513 matmul at 0.1
+    GFLOP/s (polyc) and 1.6 (numpy) instead of 10 and 35. Between blocks the script
+    sleeps until the other pool's threads have gone to sleep."""
+    out = []
+    for h in (f, g):
+        time.sleep(0.3)
+        h(), h()  # warm up (and compile)
+        ts = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            h()
+            ts.append(time.perf_counter() - t)
+        ts.sort()
+        out.append(ts[len(ts) // 2])
+    return out[0], out[1]
 
 
-def child(threads: int, repeat: int, sizes: list[int]) -> None:
+def parse_shapes(sizes: str, rect: str) -> list[tuple[int, int, int]]:
+    """(M, K, N) of each matmul: the squares of ``--sizes``, then the ``--rect`` shapes."""
+    shapes = [(n, n, n) for n in (int(s) for s in sizes.split(",") if s.strip())]
+    for r in (r for r in rect.split(",") if r.strip()):
+        parts = r.lower().split("x")
+        if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            raise SystemExit(f"--rect wants MxKxN with positive integers, got {r!r}")
+        shapes.append(tuple(int(p) for p in parts))  # type: ignore[arg-type]
+    return shapes
+
+
+def child(threads: int, repeat: int, shapes: list[tuple[int, int, int]],
+          conv_too: bool = True) -> None:
     import numpy as np
 
     import polyc
 
     rng = np.random.default_rng(0)
     mm = polyc.define(MATMUL, threads=threads)
-    for n in sizes:
-        A = rng.standard_normal((n, n), dtype=np.float32)
-        B = rng.standard_normal((n, n), dtype=np.float32)
-        ok = np.allclose(mm(A, B), A @ B, rtol=1e-3, atol=1e-2 * np.sqrt(n))
+    for m, k, n in shapes:
+        A = rng.standard_normal((m, k), dtype=np.float32)
+        B = rng.standard_normal((k, n), dtype=np.float32)
+        ok = np.allclose(mm(A, B), A @ B, rtol=1e-3, atol=1e-2 * np.sqrt(k))
         tp, tn = _median_pair(lambda: mm(A, B), lambda: A @ B, repeat)
-        flops = 2.0 * n ** 3
-        print(f"matmul {n}x{n}x{n} f32  threads={threads}  polyc {flops / tp / 1e9:7.1f} GFLOP/s"
+        flops = 2.0 * m * k * n
+        print(f"matmul {m}x{k}x{n} f32  threads={threads}  polyc {flops / tp / 1e9:7.1f} GFLOP/s"
               f"  numpy {flops / tn / 1e9:7.1f} GFLOP/s  ratio {tn / tp:5.2f}  correct={ok}",
               flush=True)
+    if not conv_too:
+        return
 
     conv = polyc.define(CONV, threads=threads)
     N, C, H, W, F, K = 1, 64, 58, 58, 64, 3
@@ -76,13 +106,17 @@ def child(threads: int, repeat: int, sizes: list[int]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--repeat", type=int, default=7)
-    p.add_argument("--sizes", default="1024", help="comma-separated matmul sizes")
+    p.add_argument("--sizes", default="1024", help="comma-separated square matmul sizes "
+                   "(e.g. 256,512,1024,2048; empty for none)")
+    p.add_argument("--rect", default="", help="comma-separated rectangular matmuls MxKxN "
+                   "(e.g. 1024x256x2048: A is MxK, B is KxN)")
+    p.add_argument("--no-conv", action="store_true", help="matmuls only")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
-    sizes = [int(s) for s in a.sizes.split(",")]
+    shapes = parse_shapes(a.sizes, a.rect)
     if a.child:
-        child(a.child, a.repeat, sizes)
+        child(a.child, a.repeat, shapes, not a.no_conv)
         return
     for t in (int(x) for x in a.threads.split(",")):
         env = dict(os.environ, OMP_NUM_THREADS=str(t), OPENBLAS_NUM_THREADS=str(t),
@@ -90,7 +124,8 @@ def main() -> None:
         # this machine may set these for old OpenBLAS builds; they slow a current numpy
         env.pop("OPENBLAS_CORETYPE", None), env.pop("OPENBLAS_L2_SIZE", None)
         subprocess.run([sys.executable, __file__, "--child", str(t), "--repeat", str(a.repeat),
-                        "--sizes", a.sizes], env=env, check=True)
+                        "--sizes", a.sizes, "--rect", a.rect]
+                       + (["--no-conv"] if a.no_conv else []), env=env, check=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,12 @@ One top-down walk over the schedule tree. At each band:
    for`` (a ``"parallel"`` mark above a band that starts with it);
 4. **simd**: in a band with no band below it, a coincident last member with a positive
    stride-1 score is split off and marked ``"simd"`` (a one-loop band may carry both
-   marks: ``omp parallel for simd``).
+   marks: ``omp parallel for simd``);
+5. **registers**: such a leaf band that is also a contraction is tiled once more for
+   registers (:mod:`.register_tile`: unroll-and-jam, accumulators in a local array).
+
+A specialised kernel whose band does little work (fewer than :data:`TINY_WORK`
+statement instances) gets no ``parallel`` mark: OpenMP's start-up would cost more.
 
 Marks only carry decisions to code generation; :func:`polyc.check.check_schedule`
 verifies every one of them against the dependences.
@@ -23,7 +28,7 @@ import islpy as isl
 
 from ..ir import Kernel
 from ..options import Options
-from . import tiling
+from . import register_tile, tiling
 from .vector import stride_score
 
 PARALLEL = "parallel"
@@ -33,6 +38,11 @@ SIMD = "simd"
 DEFAULT_TILE_OUTER = 32
 DEFAULT_TILE_REDUCTION = 64
 DEFAULT_TILE_VECTOR = 512
+#: reduction tile of a register-tiled band: the accumulators are copied in and out
+#: once per reduction tile (256: measured best for float32 matmul on AVX-512)
+DEFAULT_TILE_REDUCTION_REGISTER = 256
+#: statement instances under a band below which a specialised kernel stays sequential
+TINY_WORK = 32768
 
 
 def optimize(schedule: isl.Schedule, kernel: Kernel, options: Options) -> isl.Schedule:
@@ -58,19 +68,29 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
     inner, simd = _innermost_member(node, kernel) if _is_leaf_band(node) else (None, False)
     vec = inner if simd and options.vectorize else None
     did_tile = False
+    reg = None
     if node.band_get_permutable() and node.band_n_member() > 1:
         node = tiling.permute_band(node, _member_order(node, inner))
         vec = None if vec is None else node.band_n_member() - 1
+        reg = register_tile.plan(node, kernel, options, vec)
         sizes = _tile_sizes(node, options, vec)
+        if sizes is not None and reg is not None and options.tile is True:
+            flags = tiling.coincident_flags(node)
+            sizes = [t if flags[i] else DEFAULT_TILE_REDUCTION_REGISTER
+                     for i, t in enumerate(reg.round_sizes(sizes))]
         if tile and sizes is not None:
             node = tiling.tile_band(node, sizes)
             did_tile = True
     if not parallel_done and tiling.coincident_flags(node)[0]:
-        node = node.insert_mark(isl.Id(PARALLEL)).child(0)
-        marks_above += 1
+        if not _is_tiny(node, kernel):
+            node = node.insert_mark(isl.Id(PARALLEL)).child(0)
+            marks_above += 1
         parallel_done = True
     inner = node.child(0) if did_tile else node  # the band holding the point loops
-    if vec is not None:
+    tiled = register_tile.apply(inner, reg, kernel) if reg is not None and did_tile else None
+    if tiled is not None:
+        inner = tiled
+    elif vec is not None:
         inner = _mark_simd(inner)
     else:
         for i in range(inner.n_children()):
@@ -79,6 +99,27 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
     for _ in range(marks_above):
         node = node.parent()
     return node
+
+
+def _is_tiny(node: isl.ScheduleNode, kernel: Kernel) -> bool:
+    """A specialised kernel runs fewer than :data:`TINY_WORK` instances under ``node``."""
+    if len(kernel.fixed_sizes) != len(kernel.sizes):
+        return False
+    total = 0
+    sets = node.get_domain().intersect_params(kernel.context).get_set_list()
+    for k in range(sets.n_set()):
+        s = sets.get_at(k)
+        if s.is_empty():
+            continue
+        s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
+        volume = 1
+        for i in range(s.dim(isl.dim_type.set)):
+            lo, hi = s.dim_min_val(i), s.dim_max_val(i)
+            if not (lo.is_int() and hi.is_int()):
+                return False
+            volume *= max(0, hi.to_python() - lo.to_python() + 1)
+        total += volume
+    return total < TINY_WORK
 
 
 def _mark_simd(node: isl.ScheduleNode) -> isl.ScheduleNode:

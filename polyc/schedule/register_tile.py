@@ -1,0 +1,312 @@
+"""Register tiling: unroll-and-jam of a leaf band with its accumulators in registers.
+
+A contraction's point band, after cache tiling, runs (for matmul) ``m, k, n`` with ``n``
+the ``omp simd`` loop, so ``C[m][n]`` is loaded and stored at every ``k``. This pass
+tiles that point band once more, for registers::
+
+    band (cache tiles)                        band (cache tiles)
+      band [m, k, n]            ==>             band [m - m%MR, n - n%NR]  (register tiles;
+                                                                            full ones isolated)
+                                                  mark "register:S1:8,64:512"
+                                                    band [k]             (the reductions)
+                                                      band [m]           (fully unrolled)
+                                                        mark "simd"
+                                                          band [n]
+
+The ``register:<statement>:<box sizes>:<vector bits>`` mark tells code generation to keep the
+statement's write footprint of one register tile (an ``MR x NR`` box of ``C``) in a
+local array: copied in before the reduction loops, updated there (``acc[m - mo][n - no]``;
+gcc keeps it in vector registers once the row loop is unrolled and the column loop is
+``omp simd``), copied out after them.
+
+The band qualifies (:func:`plan`) when it has exactly one statement, a coincident
+stride-1 vector member ``v`` (the write's last index), at least one reduction member
+none of whose iterators the write uses, and a coincident member ``u`` that indexes a
+non-last dimension of the write and no read that ``v`` walks (so each vector load is
+reused by the ``MR`` unrolled rows). :func:`apply` checks the rest on the tree it built
+and keeps the old band when a check fails: only that statement touches the array, its
+accesses to it all go through the written element, and the write footprint of one
+register tile is exactly a box (so the copy-out never writes an element it did not
+compute).
+
+Register tile sizes come from the machine (:func:`machine_shape`): AVX-512 ``8 x 64``
+float32 / int32 and ``8 x 32`` float64 / int64 (the vector loop then spans four 512-bit
+registers per row: 32 accumulators), AVX2 ``6 x 16`` / ``6 x 8``. ``Options.register_tile``
+overrides them (``(MR, NR)``) or turns the pass off (``False``).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import islpy as isl
+
+from .. import expr as E
+from ..ir import Kernel, Statement
+from ..options import Options
+from . import tiling
+from .vector import member_iterators
+
+REGISTER = "register"
+SIMD = "simd"
+
+#: register tile (rows MR, columns NR) per vector width in bits and element bytes
+_SHAPES = {(512, 4): (8, 64), (512, 8): (8, 32), (256, 4): (6, 16), (256, 8): (6, 8),
+           (128, 4): (4, 8), (128, 8): (4, 4)}
+_ELEMENT_BYTES = {"float32": 4, "int32": 4, "float64": 8, "int64": 8}
+
+
+@functools.lru_cache(maxsize=1)
+def vector_bits() -> int:
+    """The widest vector unit of this CPU (read once from /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        flags = []
+    if "avx512f" in flags:
+        return 512
+    if "avx2" in flags and "fma" in flags:
+        return 256
+    return 128
+
+
+def machine_shape(dtype: str, options: Options) -> tuple[int, int] | None:
+    """``(MR, NR)`` for an accumulator of ``dtype`` (None: no register tiling)."""
+    if options.register_tile is False or dtype not in _ELEMENT_BYTES:
+        return None
+    if isinstance(options.register_tile, tuple):
+        mr, nr = options.register_tile
+        return int(mr), int(nr)
+    return _SHAPES[(vector_bits(), _ELEMENT_BYTES[dtype])]
+
+
+def mark_name(stmt: str, box: tuple[int, ...]) -> str:
+    """``"register:S1:8,64:512"``: the statement, its accumulator box, the vector bits
+    (code generation parses it: :func:`polyc.codegen.ast.parse_register_mark`)."""
+    return f"{REGISTER}:{stmt}:{','.join(map(str, box))}:{vector_bits()}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to register-tile one band (member positions are the band's)."""
+    stmt: str
+    array: str
+    u: int
+    v: int
+    mr: int
+    nr: int
+    #: the box of the write footprint of one register tile, per array dimension
+    box: tuple[int, ...]
+
+    def round_sizes(self, sizes: list[int]) -> list[int]:
+        """Cache tile sizes rounded up to multiples of the register tile."""
+        sizes = list(sizes)
+        for i, r in ((self.u, self.mr), (self.v, self.nr)):
+            sizes[i] = -(-sizes[i] // r) * r
+        return sizes
+
+
+def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | None) -> Plan | None:
+    """Whether (and how) to register-tile the permutable band ``node`` (see the module doc)."""
+    if vec is None or options.register_tile is False or not node.band_get_permutable():
+        return None
+    dom = node.get_domain()
+    if dom.n_set() != 1:
+        return None
+    its = []
+    for i in range(node.band_n_member()):
+        found = list(member_iterators(node, i).values())
+        if len(found) != 1 or found[0] is None:
+            return None
+        its.append(found[0])
+    stmt_name = dom.get_set_list().get_at(0).get_tuple_name()
+    s = kernel.statement(stmt_name)
+    flags = tiling.coincident_flags(node)
+    reductions = [i for i in range(len(its)) if not flags[i]]
+    write = s.write
+    if not reductions or not flags[vec] or not write.is_affine or len(write.indices) < 2:
+        return None
+    uses = [E.free_names(ix)[0] for ix in write.indices]
+    # the vector member walks the last write index only; the write ignores every reduction
+    if its[vec] not in uses[-1] or any(its[vec] in x for x in uses[:-1]):
+        return None
+    if any(its[r] in x for r in reductions for x in uses):
+        return None
+    # every read of the written array is the written element itself
+    for r in E.reads(s.value):
+        if r.array == write.array and tuple(r.indices) != tuple(write.indices):
+            return None
+    vector_reads = [r for r in E.reads(s.value)
+                    if r.array != write.array
+                    and any(its[vec] in E.free_names(ix)[0] for ix in r.indices)]
+    candidates = [i for i in range(len(its))
+                  if flags[i] and i != vec
+                  and any(its[i] in x for x in uses[:-1]) and its[i] not in uses[-1]
+                  and not any(its[i] in E.free_names(ix)[0]
+                              for r in vector_reads for ix in r.indices)]
+    if not candidates:
+        return None
+    u = candidates[-1]
+    shape = machine_shape(kernel.array(write.array).dtype, options)
+    if shape is None:
+        return None
+    mr, nr = shape
+    box = tuple(mr if its[u] in x else nr if its[vec] in x else 1 for x in uses)
+    return Plan(s.name, write.array, u, vec, mr, nr, box)
+
+
+def _val(v: int) -> isl.Val:
+    # an explicit isl.Val: islpy converts a Python int by trying overloads, which throws
+    # (and is caught) in C++ -- fatal under an LD_PRELOADed AddressSanitizer
+    return isl.Val.int_from_si(isl.DEFAULT_CONTEXT, v)
+
+
+def _upa_band(upas: list[isl.UnionPwAff]) -> isl.MultiUnionPwAff:
+    mupa = isl.MultiUnionPwAff.from_union_pw_aff(upas[0])
+    for upa in upas[1:]:
+        mupa = mupa.flat_range_product(isl.MultiUnionPwAff.from_union_pw_aff(upa))
+    return mupa
+
+
+def _strip(upa: isl.UnionPwAff, size: int) -> isl.UnionPwAff:
+    """``size * floor(upa / size)``: the first point of ``upa``'s register tile."""
+    val = isl.Val.int_from_si(upa.get_ctx(), size)
+    return upa.scale_down_val(val).floor().scale_val(val)
+
+
+def _insert_band(node: isl.ScheduleNode, upas: list[isl.UnionPwAff],
+                 coincident: list[bool]) -> isl.ScheduleNode:
+    node = node.insert_partial_schedule(_upa_band(upas)).band_set_permutable(1)
+    for i, c in enumerate(coincident):
+        node = node.band_member_set_coincident(i, int(c))
+    return node
+
+
+def apply(node: isl.ScheduleNode, p: Plan, kernel: Kernel) -> isl.ScheduleNode | None:
+    """Register-tile the point band ``node`` by plan ``p``; the node at the same position
+    (the register tile band), or None when a safety check fails (``node`` is unchanged)."""
+    n = node.band_n_member()
+    flags = tiling.coincident_flags(node)
+    mupa = node.band_get_partial_schedule()
+    upas = [mupa.get_union_pw_aff(i) for i in range(n)]
+    outer = [_strip(upas[i], p.mr) if i == p.u else _strip(upas[i], p.nr) if i == p.v
+             else upas[i] for i in range(n) if flags[i]]
+    reductions = [upas[i] for i in range(n) if not flags[i]]
+    leaf = node.delete()
+    inner = _insert_band(leaf, [upas[p.u], upas[p.v]], [True, True])
+    inner = inner.band_member_set_ast_loop_type(0, isl.ast_loop_type.unroll)
+    red = _insert_band(inner, reductions, [False] * len(reductions))
+    mark = red.insert_mark(isl.Id(mark_name(p.stmt, p.box)))
+    top = _insert_band(mark, outer, [True] * len(outer))
+    if check_mark(top.child(0), kernel) is not None:
+        return None
+    coincident = [i for i in range(n) if flags[i]]
+    iso = _isolate_full_tiles(top, p, coincident.index(p.u), coincident.index(p.v))
+    top = top.band_set_ast_build_options(iso)
+    # the simd mark on the column loop
+    inner = top.child(0).child(0).child(0)
+    simd = tiling.split_last(inner).insert_mark(isl.Id(SIMD))
+    return simd.parent().parent().parent().parent()
+
+
+def check_mark(mark: isl.ScheduleNode, kernel: Kernel) -> str | None:
+    """Why the ``register`` mark at ``mark`` is unsafe, or None when it is safe: only
+    its statement runs below it, every access of that statement to the array is the
+    written element, and the elements written in one iteration of the loops above form
+    exactly a box no larger than the mark's (so the copy-out writes only what the
+    statement computed, and the accumulator holds it)."""
+    parsed = parse_mark(mark.mark_get_id().get_name())
+    if parsed is None:
+        return "malformed register mark"
+    stmt, box = parsed
+    dom = mark.get_domain()
+    names = {dom.get_set_list().get_at(i).get_tuple_name() for i in range(dom.n_set())}
+    if names != {stmt} or stmt not in {s.name for s in kernel.statements}:
+        return f"the statements below it are {sorted(names)}, not just {stmt}"
+    s = kernel.statement(stmt)
+    if len(box) != len(s.write.indices) or not s.write.is_affine:
+        return f"its box {box} does not fit the write of {stmt}"
+    if any(r.array == s.write.array and tuple(r.indices) != tuple(s.write.indices)
+           for r in E.reads(s.value)):
+        return f"{stmt} reads {s.write.array} elsewhere than where it writes"
+    if not _footprint_is_box(mark, s, box, kernel):
+        return f"the elements of {s.write.array} written below it do not form a box of {box}"
+    return None
+
+
+def parse_mark(name: str) -> tuple[str, tuple[int, ...]] | None:
+    """``("S1", (8, 64))`` for the mark ``"register:S1:8,64:512"``; None for others."""
+    parts = name.split(":")
+    if len(parts) != 4 or parts[0] != REGISTER:
+        return None
+    try:
+        return parts[1], tuple(int(x) for x in parts[2].split(","))
+    except ValueError:
+        return None
+
+
+def _footprint_is_box(mark: isl.ScheduleNode, s: Statement, box: tuple[int, ...],
+                      kernel: Kernel) -> bool:
+    prefix = mark.get_prefix_schedule_union_map().intersect_params(kernel.context)
+    write = isl.UnionMap.from_map(s.write.relation(s.domain))
+    fp_u = prefix.reverse().apply_range(write)
+    if fp_u.n_map() != 1:
+        return False
+    fp = fp_u.get_map_list().get_at(0)
+    rank = fp.dim(isl.dim_type.out)
+    fp = fp.reset_tuple_id(isl.dim_type.out)
+    product = None
+    for d in range(rank):
+        proj = fp.project_out(isl.dim_type.out, d + 1, rank - d - 1).project_out(
+            isl.dim_type.out, 0, d)
+        lo = isl.Map.from_pw_multi_aff(proj.lexmin_pw_multi_aff())
+        hi = isl.Map.from_pw_multi_aff(proj.lexmax_pw_multi_aff())
+        space = isl.Space.alloc(fp.get_ctx(), 0, 1, 1)
+        ge = isl.Map.universe(space)
+        ge = ge.add_constraint(isl.Constraint.alloc_inequality(isl.LocalSpace.from_space(space))
+                               .set_coefficient_val(isl.dim_type.out, 0, _val(1))
+                               .set_coefficient_val(isl.dim_type.in_, 0, _val(-1)))
+        interval = lo.apply_range(ge).intersect(hi.apply_range(ge.reverse()))
+        if not interval.is_equal(proj):
+            return False  # a hole or a stride in this dimension
+        spread = proj.reverse().apply_range(proj).deltas()
+        limit = isl.Set.universe(spread.get_space())
+        limit = limit.add_constraint(isl.Constraint.alloc_inequality(isl.LocalSpace.from_space(
+            spread.get_space())).set_coefficient_val(isl.dim_type.set, 0, _val(-1))
+            .set_constant_val(_val(box[d] - 1)))
+        if not spread.is_subset(limit):
+            return False
+        product = proj if product is None else product.flat_range_product(proj)
+    return product is not None and product.is_equal(fp)
+
+
+def _isolate_full_tiles(top: isl.ScheduleNode, p: Plan, iu: int, iv: int) -> isl.UnionSet:
+    """The AST option that isolates the register tiles whose ``MR x NR`` rows and columns
+    all exist: their code has no bound checks (the unrolled rows carry no guards)."""
+    d = top.get_schedule_depth()
+    r = top.band_n_member()
+    q = top.child(0).child(0).band_n_member()
+    leaf = top.child(0).child(0).child(0).child(0)
+    flat = leaf.get_prefix_schedule_union_map().intersect_domain(leaf.get_domain())
+    pts = flat.range().get_set_list().get_at(0)  # [prefix(d), tiles(r), reductions(q), u, v]
+    pts = pts.project_out(isl.dim_type.set, d + r, q)
+    have = isl.Map.from_range(pts).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d + r)
+    space = have.get_space()
+    ls = isl.LocalSpace.from_space(space)
+    box = isl.Map.universe(space)
+    for out, tile, size in ((0, d + iu, p.mr), (1, d + iv, p.nr)):
+        box = box.add_constraint(isl.Constraint.alloc_inequality(ls)
+                                 .set_coefficient_val(isl.dim_type.out, out, _val(1))
+                                 .set_coefficient_val(isl.dim_type.in_, tile, _val(-1)))
+        box = box.add_constraint(isl.Constraint.alloc_inequality(ls)
+                                 .set_coefficient_val(isl.dim_type.out, out, _val(-1))
+                                 .set_coefficient_val(isl.dim_type.in_, tile, _val(1))
+                                 .set_constant_val(_val(size - 1)))
+    box = box.intersect_domain(have.domain())
+    partial = box.subtract(have).domain()
+    full = have.domain().subtract(partial)
+    opt = isl.Map.from_range(full).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d)
+    opt = opt.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
+    return isl.UnionSet.from_set(opt.wrap().set_tuple_name("isolate"))
+

@@ -1,0 +1,227 @@
+"""Register tiling (polyc/schedule/register_tile.py): the schedule it builds, the C it
+prints (a local accumulator, copy-in/copy-out, unrolled rows) and results against numpy
+on sizes that are not multiples of the register or cache tiles (partial register tiles
+at every array edge), for float32/float64/int32, every fusion mode, on and off."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from conftest import assert_matches_numpy, random_inputs
+from test_e2e_numpy import CASES
+
+import polyc
+from polyc import expr as E
+from polyc import ir, pipeline
+from polyc.schedule import register_tile
+from codegen_helpers import kernel, read, statement
+
+pytestmark = pytest.mark.filterwarnings("error::polyc.errors.PolycWarning")
+
+MATMUL = CASES["matmul"][0]
+TYPES = {"float32": "float", "float64": "double", "int32": "int32"}
+TOL = {"float32": dict(rtol=1e-4, atol=1e-3), "float64": dict(rtol=1e-10, atol=1e-10),
+       "int32": dict(rtol=0, atol=0)}
+
+
+def _define(src: str, dtype: str = "float32", **options):
+    return polyc.define(src.replace("float(", TYPES[dtype] + "("), **options)
+
+
+def _check(op, shapes, ref, dtype="float32", seed=0):
+    xs = random_inputs([(s, dtype) for s in shapes], seed)
+    assert_matches_numpy(op(*xs), ref(*xs), **TOL[dtype])
+
+
+def _register_marks(op) -> list[str]:
+    return re.findall(r'mark: "(register:[^"]*)"', str(op.schedule))
+
+
+def test_matmul_c_has_accumulator_and_unrolled_rows():
+    op = _define(MATMUL, register_tile=(8, 64))
+    _check(op, [(130, 37), (37, 257)], lambda A, B: A @ B)
+    c = op.c_source
+    assert "float polyc_acc[8][64] __attribute__((aligned(64)));" in c
+    # full tiles: the 8 rows are unrolled (no row loop), each a simd loop over columns
+    assert all(f"const int64_t m = c3 + {r};" in c for r in range(1, 8))
+    assert c.count("polyc_acc[m - polyc_lo0][n - polyc_lo1] +=") >= 8
+    assert "C[m * N + n] +=" not in c  # every update goes to the accumulator
+    assert _register_marks(op) == ["register:S1:8,64:" + str(register_tile.vector_bits())]
+    # copy-in and copy-out of the accumulator
+    assert "polyc_acc[polyc_r0][polyc_r1] = C[" in c
+    assert "] = polyc_acc[polyc_r0][polyc_r1];" in c
+
+
+def test_machine_default_shape():
+    op = _define(MATMUL)
+    _check(op, [(37, 130), (130, 257)], lambda A, B: A @ B)
+    mr, nr = register_tile.machine_shape("float32", polyc.Options())
+    assert f"float polyc_acc[{mr}][{nr}]" in op.c_source
+    if register_tile.vector_bits() >= 512:
+        assert 'target("prefer-vector-width=512")' in op.c_source
+    assert register_tile.machine_shape("float64", polyc.Options())[1] * 2 == nr
+    assert register_tile.machine_shape("float32", polyc.Options(register_tile=False)) is None
+
+
+def test_register_tile_off():
+    op = _define(MATMUL, register_tile=False)
+    _check(op, [(130, 37), (37, 257)], lambda A, B: A @ B)
+    assert "polyc_acc" not in op.c_source and not _register_marks(op)
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("mkn", [(1, 1, 1), (7, 37, 130), (130, 7, 257), (257, 130, 37),
+                                 (37, 257, 7), (130, 130, 130)])
+def test_matmul_sizes_and_types(dtype, mkn):
+    m, k, n = mkn
+    op = _define(MATMUL, dtype)
+    _check(op, [(m, k), (k, n)], lambda A, B: A @ B, dtype)
+    if min(mkn) > 1:
+        assert _register_marks(op)
+
+
+@pytest.mark.parametrize("fusion", ["min", "smart", "max"])
+@pytest.mark.parametrize("reg", [True, False])
+def test_matmul_fusion_modes(fusion, reg):
+    op = _define(MATMUL, fusion=fusion, register_tile=reg)
+    _check(op, [(130, 37), (37, 257)], lambda A, B: A @ B)
+    if not reg:
+        assert not _register_marks(op)
+    elif fusion != "max":  # max fuses the initialisation into the (m, n) band
+        assert _register_marks(op)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_register_tiles_straddle_cache_tiles(dtype):
+    """Register tiles (3 x 5) that do not divide the cache tiles (7, 11, 13): partial
+    register tiles inside every cache tile, not only at the array edges."""
+    op = _define(MATMUL, dtype, register_tile=(3, 5), tile=(7, 11, 13))
+    _check(op, [(37, 130), (130, 257)], lambda A, B: A @ B, dtype)
+    assert "polyc_acc[3][5]" in op.c_source
+
+
+def test_parametric_kernel():
+    """``specialize=False``: one library for every size; the full-tile test is symbolic."""
+    op = _define(MATMUL, specialize=False)
+    for seed, (m, k, n) in enumerate([(130, 37, 257), (7, 1, 70), (1, 130, 1), (64, 64, 64)]):
+        _check(op, [(m, k), (k, n)], lambda A, B: A @ B, seed=seed)
+    assert _register_marks(op)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_batched_matmul(dtype):
+    src, _, ref = CASES["batched_matmul"]
+    op = _define(src, dtype)
+    _check(op, [(3, 37, 130), (3, 130, 257)], ref, dtype)
+    marks = _register_marks(op)
+    assert marks and marks[0].split(":")[2].startswith("1,")  # rows are m, not the batch
+
+
+@pytest.mark.parametrize("case,shapes", [
+    ("conv2d_stride1", [(2, 5, 13, 70), (37, 5, 3, 3)]),
+    ("conv2d_stride2_where", [(2, 5, 13, 140), (37, 5, 3, 3), (37,)]),
+    ("conv2d_padded", [(2, 5, 13, 70), (37, 5, 3, 3)]),
+])
+@pytest.mark.parametrize("specialize", [True, False])
+def test_convolutions(case, shapes, specialize):
+    src, _, ref = CASES[case]
+    op = _define(src, specialize=specialize)
+    _check(op, shapes, ref)
+    marks = _register_marks(op)
+    assert marks
+    # rows are output channels f, columns the output width w: box [1, MR, 1, NR]
+    box = marks[0].split(":")[2].split(",")
+    assert box[0] == "1" and box[2] == "1" and int(box[1]) > 1 and int(box[3]) > 1
+
+
+def test_gemm_with_bias_under_fusion():
+    src = """
+def gemm(float(M,K) A, float(K,N) B, float(N) bias) -> (Y) {
+    Y(m,n) +=! A(m,k) * B(k,n)
+    Y(m,n) = Y(m,n) + bias(n)
+}"""
+    for fusion in ("min", "smart", "max"):
+        op = _define(src, fusion=fusion)
+        _check(op, [(130, 37), (37, 257), (257,)], lambda A, B, b: A @ B + b)
+
+
+@pytest.mark.parametrize("src,shapes,ref", [
+    (CASES["matvec"][0], [(37, 130), (130,)], lambda A, x: A @ x),    # rank-1 write
+    ("""
+def gemm_tb(float(M,K) A, float(N,K) B) -> (C) {
+    C(m,n) +=! A(m,k) * B(n,k)
+}""", [(37, 130), (70, 130)], lambda A, B: A @ B.T),                   # reduction innermost
+])
+def test_not_register_tiled(src, shapes, ref):
+    op = _define(src)
+    _check(op, shapes, ref)
+    assert not _register_marks(op) and "polyc_acc" not in op.c_source
+
+
+def test_tiny_kernels_stay_sequential():
+    small = _define(MATMUL)
+    _check(small, [(7, 13), (13, 30)], lambda A, B: A @ B)
+    assert "omp parallel" not in small.c_source
+    big = _define(MATMUL)
+    _check(big, [(130, 37), (37, 257)], lambda A, B: A @ B)
+    assert "omp parallel for" in big.c_source
+    generic = _define(MATMUL, specialize=False)  # sizes unknown: parallel
+    _check(generic, [(7, 13), (13, 30)], lambda A, B: A @ B)
+    assert "omp parallel for" in generic.c_source
+
+
+def test_options_validation():
+    with pytest.raises(polyc.CompileError):
+        polyc.Options(register_tile=(8,))
+    with pytest.raises(polyc.CompileError):
+        polyc.Options(register_tile=(0, 64))
+    assert polyc.Options(register_tile=[4, 16]).register_tile == (4, 16)
+
+
+def test_footprint_must_be_a_box():
+    """A write whose footprint in one register tile has holes (``C[2m][n]``, built by
+    hand: TC writes plain indices) is not promoted: its copy-out would write elements
+    that no iteration computed."""
+    sizes = ("M", "K", "N")
+    M, K, N = (E.Size(s) for s in sizes)
+    m, n, k = E.Index("m"), E.Index("n"), E.Index("k")
+    two_m = E.Binary("*", E.Const(2), m)
+    arrays = [ir.Array("A", "float32", (M, K)), ir.Array("B", "float32", (K, N)),
+              ir.Array("C", "float32", (E.Binary("*", E.Const(2), M), N), "output")]
+    upd = statement("S1", sizes, ("m", "n", "k"), (M, N, K), ("C", (two_m, n)), "+",
+                    E.Binary("*", read("A", m, k), read("B", k, n)))
+    knl = kernel("strided", sizes, arrays, [upd]).specialize({"M": 37, "K": 13, "N": 70})
+    done = pipeline.compile_kernel(knl, polyc.Options())
+    assert "register:" not in str(done.schedule) and "polyc_acc" not in done.c_source
+    A, B = random_inputs([((37, 13), "float32"), ((13, 70), "float32")])
+    C = np.full((74, 70), 3.0, np.float32)
+    done.function([A, B], outputs=[C])
+    want = np.full((74, 70), 3.0, np.float32)
+    want[0::2] += A @ B
+    np.testing.assert_allclose(C, want, rtol=1e-4, atol=1e-3)
+
+
+def _user_tree(mark_parent: str, mark_child: str, mark: str) -> str:
+    return ('{ domain: "[M, K, N] -> { S0[m, n] : 0 <= m < M and 0 <= n < N; '
+            'S1[m, n, k] : 0 <= m < M and 0 <= n < N and 0 <= k < K }", child: { sequence: [ '
+            '{ filter: "[M, K, N] -> { S0[m, n] }", child: { schedule: '
+            '"[M, K, N] -> [{ S0[m, n] -> [(m)] }, { S0[m, n] -> [(n)] }]" } }, '
+            '{ filter: "[M, K, N] -> { S1[m, n, k] }", child: { schedule: "' + mark_parent
+            + '", child: { mark: "' + mark + '", child: { schedule: "' + mark_child
+            + '" } } } } ] } }')
+
+
+def test_user_schedule_register_marks_are_checked():
+    """A register mark in a schedule written by the user is verified like the
+    scheduler's own: a safe one is used, an unsafe one refused with the reason."""
+    tiles = ("[M, K, N] -> [{ S1[m, n, k] -> [(m - (m) mod 4)] }, "
+             "{ S1[m, n, k] -> [(n - (n) mod 8)] }]")
+    points = ("[M, K, N] -> [{ S1[m, n, k] -> [(k)] }, { S1[m, n, k] -> [(m)] }, "
+              "{ S1[m, n, k] -> [(n)] }]")
+    safe = _define(MATMUL, schedule=_user_tree(tiles, points, "register:S1:4,8:256"))
+    _check(safe, [(37, 13), (13, 70)], lambda A, B: A @ B)
+    assert "float polyc_acc[4][8]" in safe.c_source
+    small = _define(MATMUL, schedule=_user_tree(tiles, points, "register:S1:2,8:256"))
+    with pytest.raises(polyc.ScheduleError, match="do not form a box"):
+        _check(small, [(37, 13), (13, 70)], lambda A, B: A @ B)
