@@ -1,15 +1,20 @@
 """Lowerings of ONNX neural-network ops (see :mod:`.onnx_graph` for the contract).
 
 Convolutions and pools are TC reductions over explicit ``where`` ranges (the output
-extents come from the graph's shape inference). Padding: the padded elements are the
-identity of the reduction (0 for a sum, -inf for a max), so instead of TC's guarded
-read ``(h*s + kh*d - p >= 0 && ...) ? X(...) : 0.0`` the read is left unguarded and the
-TC frontend restricts the iteration domain to the points that read inside the input
-(an unconditional read adds its bounds to the domain; the ``!`` initialisation still
-covers every output element). Same result, but the loops get exact bounds instead of a
-test in the innermost loop (about 4x faster on a padded 5x5 convolution). Guards remain
-where they are needed: the divisibility test of a strided ConvTranspose (its bounds
-come from an ``exists`` clause) and the window count of AveragePool.
+extents come from the graph's shape inference). Padding of a Conv: the input is first
+copied into a zero-padded temporary (``P(n,c,p..) = (p - b >= 0 && ..) ? X(n,c,p - b,..)
+: 0.0``, a small copy next to the convolution's work), and the convolution reads it
+unguarded over a rectangular domain. Its column loop then has constant bounds, so the
+register tiling (polyc/schedule/register_tile.py) keeps the accumulators in registers;
+a guarded read in the hot loop (TC's padded convolution) or a domain restricted by the
+unguarded read (column bounds depending on ``kw``) are both several times slower on
+ResNet-50's padded 3x3 layers. Pools: the padded elements are the identity of the
+reduction (-inf for a max), so the read is left unguarded and the TC frontend restricts
+the iteration domain to the points that read inside the input (an unconditional read
+adds its bounds to the domain; the ``!`` initialisation still covers every output
+element). Guards remain where they are needed: the divisibility test of a strided
+ConvTranspose (its bounds come from an ``exists`` clause) and the window count of
+AveragePool.
 
 * Conv: N-D (1-D, 2-D, 3-D...), group (incl. depthwise), strides, pads, dilations,
   auto_pad (NOTSET, SAME_UPPER, SAME_LOWER, VALID), optional bias;
@@ -125,13 +130,37 @@ def conv(node: Node, ctx: LowerContext) -> Lowered:
     win = Window(node, xs[2:], ys[2:], ws[2:])
     o, r = names("o", k), names("k", k)
     cin = "c" if group == 1 else affine([(Cg, f"(m / {M // group})"), (1, "c")])
-    xread = read(ctx.name(x), ["n", cin] + [win.index(d, o[d], r[d]) for d in range(k)])
+    stmts = []
+    src = ctx.name(x)
+    if any(win.guards(d, o[d], r[d]) for d in range(k)):
+        # padding: copy the input into a zero-padded temporary, then a rectangular,
+        # unguarded convolution over it (see the module doc)
+        src = ctx.temp("xpad")
+        p = names("p", k)
+        ext = [win.max_index(d) + win.begin[d] + 1 for d in range(k)]
+        pidx = ["n", "ci"] + p
+        pguards = []
+        for d in range(k):
+            e = affine([(1, p[d])], -win.begin[d])
+            if win.begin[d] > 0:
+                pguards.append(f"{e} >= 0")
+            if ext[d] - 1 - win.begin[d] > xs[d + 2] - 1:
+                pguards.append(f"{e} < {xs[d + 2]}")
+        xval = read(ctx.name(x), ["n", "ci"] + [affine([(1, p[d])], -win.begin[d])
+                                              for d in range(k)])
+        zero = literal(0.0, ctx.dtype(x))
+        pranges = [("n", 0, xs[0]), ("ci", 0, xs[1])] + [(p[d], 0, ext[d]) for d in range(k)]
+        stmts.append(f"{lhs(src, pidx)} = {_guarded(pguards, xval, zero)}{where(pranges)}")
+        xread = read(src, ["n", cin] + [affine([(win.strides[d], o[d]),
+                                                (win.dilations[d], r[d])], 0)
+                                        for d in range(k)])
+    else:
+        xread = read(src, ["n", cin] + [win.index(d, o[d], r[d]) for d in range(k)])
     prod = f"{xread} * {read(ctx.name(w), ['m', 'c'] + r)}"
     out_idx = ["n", "m"] + o
     ranges = [("n", 0, ys[0]), ("m", 0, M), ("c", 0, Cg)] + \
         [(o[d], 0, ys[d + 2]) for d in range(k)] + [(r[d], 0, ws[d + 2]) for d in range(k)]
-    # padding: the unguarded read restricts the domain (see the module doc)
-    stmts = [f"{lhs(ctx.name(y), out_idx)} +=! {prod}{where(ranges)}"]
+    stmts.append(f"{lhs(ctx.name(y), out_idx)} +=! {prod}{where(ranges)}")
     if b:
         stmts.append(_bias(ctx, y, b, out_idx))
     return Lowered(stmts)

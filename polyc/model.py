@@ -26,7 +26,7 @@ import numpy as np
 
 from . import pipeline
 from .codegen.model import ModelSource, generate_model, kernel_key
-from .codegen.model_runtime import ModelLibrary, check_array, check_feed, write_model_files
+from .codegen.model_runtime import ModelLibrary, check_array, write_model_files
 from .codegen.weights import weights_bytes
 from .errors import CallError
 from .ir import Kernel
@@ -59,6 +59,7 @@ class CompiledModel:
         self.library_path, self.header_path = library_path, header_path
         self.weights_path, self.source_path = weights_path, source_path
         self._library = ModelLibrary(loaded_path, source, weights_path)
+        self._output_index = {t.name: i for i, t in enumerate(source.outputs)}
 
     @property
     def name(self) -> str:
@@ -88,13 +89,12 @@ class CompiledModel:
             input_feed: Mapping[str, Any]) -> list[np.ndarray]:
         """The outputs named by ``output_names`` (all, in graph order, for None) computed
         from ``input_feed`` (input name -> numpy array of the exact dtype and shape)."""
-        arrays = check_feed(self.source.inputs, input_feed)
-        outs = self._library.run(arrays)
+        outs = self._library.run_feed(input_feed)
         if output_names is None:
             return outs
         if isinstance(output_names, str):
             raise CallError("output_names must be a list of names (or None), not a string")
-        index = {n: i for i, n in enumerate(self.output_names)}
+        index = self._output_index
         unknown = [n for n in output_names if n not in index]
         if unknown:
             raise CallError(f"unknown output(s) {unknown}; the model's outputs are "
@@ -103,9 +103,18 @@ class CompiledModel:
 
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
         """Positional form: the inputs in graph order; every output, as a tuple."""
-        if len(inputs) != len(self.source.inputs):
+        specs = self._library._input_specs
+        if len(inputs) != len(specs):
             raise CallError(f"{self.name} takes {len(self.source.inputs)} inputs "
                             f"({', '.join(self.input_names)}), got {len(inputs)}")
+        for x, (_, dtype, shape) in zip(inputs, specs):
+            if type(x) is not np.ndarray or x.dtype is not dtype or x.shape != shape:
+                break
+            flags = x.flags
+            if not (flags.c_contiguous and flags.aligned):
+                break
+        else:
+            return tuple(self._library.run(inputs))
         arrays = [check_array(t, x, f"input {t.name!r} (argument {i})")
                   for i, (t, x) in enumerate(zip(self.source.inputs, inputs))]
         return tuple(self._library.run(arrays))

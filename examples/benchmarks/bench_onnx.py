@@ -1,12 +1,15 @@
 """Benchmark: whole ONNX models compiled by polyc against onnxruntime, side by side.
 
     python3 examples/benchmarks/bench_onnx.py [--models mlp,small_cnn,transformer_layer,resnet50]
-                                              [--repeat 15] [--threads 1,2]
+                                              [--repeat 15] [--threads 1,2] [--rounds 5]
 
 For each thread count the script runs itself in a child process (OMP_NUM_THREADS,
 OMP_PROC_BIND=close; onnxruntime gets intra_op_num_threads). In the child each model is
 compiled by polyc (compile time reported, cold: an empty cache directory) and loaded in
-onnxruntime; then the two are run alternately and the medians compared. The outputs are
+onnxruntime; then each is timed in its own block (warm-up, then ``--repeat`` runs;
+median), with a 0.3 s pause between blocks, the pair of blocks repeated ``--rounds``
+times, and the medians of the medians compared (alternating single calls would let the
+two spin-waiting thread pools starve each other on a 2-core machine). The outputs are
 checked against each other beside each figure.
 """
 from __future__ import annotations
@@ -30,17 +33,39 @@ def _model(name: str):
     return getattr(M, name)()
 
 
-def _median_pair(f, g, repeat):
-    f(), g()
-    tf, tg = [], []
+def _median_block(f, repeat: int, warmup: int = 3) -> float:
+    """Median time of ``repeat`` calls of ``f`` in one block, after ``warmup`` calls."""
+    for _ in range(warmup):
+        f()
+    ts = []
     for _ in range(repeat):
-        t = time.perf_counter(); f(); tf.append(time.perf_counter() - t)  # noqa: E702
-        t = time.perf_counter(); g(); tg.append(time.perf_counter() - t)  # noqa: E702
-    tf.sort(), tg.sort()
-    return tf[len(tf) // 2], tg[len(tg) // 2]
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    ts.sort()
+    return ts[len(ts) // 2]
 
 
-def child(threads: int, repeat: int, models: list[str]) -> None:
+def _median_pair(f, g, repeat: int, rounds: int = 5, pause: float = 0.3):
+    """Medians of medians of ``f`` and ``g``, each timed in its own block.
+
+    Alternating single calls of polyc and onnxruntime makes the two thread pools (both
+    spin-wait between parallel regions) starve each other on a small machine; instead
+    each side runs its warm-up and ``repeat`` calls in a block, with a ``pause`` between
+    blocks for the other pool's spinning threads to go to sleep, and the pair of blocks
+    is repeated ``rounds`` times.
+    """
+    mf, mg = [], []
+    for _ in range(rounds):
+        mf.append(_median_block(f, repeat))
+        time.sleep(pause)
+        mg.append(_median_block(g, repeat))
+        time.sleep(pause)
+    mf.sort(), mg.sort()
+    return mf[len(mf) // 2], mg[len(mg) // 2]
+
+
+def child(threads: int, repeat: int, models: list[str], rounds: int = 5) -> None:
     import numpy as np
     import onnx_models as M
     import onnxruntime as ort
@@ -62,10 +87,10 @@ def child(threads: int, repeat: int, models: list[str]) -> None:
         got = compiled.run(None, feeds)
         scale = max(float(np.abs(want[0]).max()), 1.0)
         ok = all(np.allclose(g, w, rtol=2e-3, atol=1e-4 * scale) for g, w in zip(got, want))
-        tp, to = _median_pair(lambda: compiled.run(None, feeds), lambda: sess.run(None, feeds),
-                              repeat)
-        print(f"{name:18s} threads={threads}  polyc {tp * 1e3:8.2f} ms  onnxruntime "
-              f"{to * 1e3:8.2f} ms  latency ratio polyc/ort {tp / to:5.2f}  "
+        tp, to = _median_pair(lambda c=compiled, f=feeds: c.run(None, f),
+                              lambda s=sess, f=feeds: s.run(None, f), repeat, rounds)
+        print(f"{name:18s} threads={threads}  polyc {tp * 1e3:8.3f} ms  onnxruntime "
+              f"{to * 1e3:8.3f} ms  latency ratio polyc/ort {tp / to:5.2f}  "
               f"compile {compile_s:6.1f} s  correct={ok}", flush=True)
 
 
@@ -74,18 +99,21 @@ def main() -> None:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--repeat", type=int, default=15)
     p.add_argument("--threads", default="1,2")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="pairs of timed blocks (polyc, onnxruntime); median of medians")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
     models = a.models.split(",")
     if a.child:
-        child(a.child, a.repeat, models)
+        child(a.child, a.repeat, models, a.rounds)
         return
     for t in (int(x) for x in a.threads.split(",")):
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, OMP_NUM_THREADS=str(t), OMP_PROC_BIND="close",
                        POLYC_CACHE_DIR=cache)
             subprocess.run([sys.executable, __file__, "--child", str(t), "--repeat",
-                            str(a.repeat), "--models", a.models], env=env, check=True)
+                            str(a.repeat), "--rounds", str(a.rounds), "--models", a.models],
+                           env=env, check=True)
 
 
 if __name__ == "__main__":
