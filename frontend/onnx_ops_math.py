@@ -684,14 +684,20 @@ def layernorm(node: Node, ctx: LowerContext) -> Lowered:
     return Lowered(stmts)
 
 
-@register("InstanceNormalization")
-def instancenorm(node: Node, ctx: LowerContext) -> Lowered:
+def _channel_input(node: Node, ctx: LowerContext) -> tuple[str, str, str, tuple[int, ...], int]:
+    """(input, output, float dtype, shape, rank) of an op over an N, C, spatial... tensor."""
     x, out = node.inputs[0], node.outputs[0]
     dt = require_float(node, ctx, x)
     shape = ctx.shape(x)
     rank = len(shape)
     if rank < 3:
         raise unsupported(node, f"input rank {rank} (expected N, C, spatial...)")
+    return x, out, dt, shape, rank
+
+
+@register("InstanceNormalization")
+def instancenorm(node: Node, ctx: LowerContext) -> Lowered:
+    x, out, dt, shape, rank = _channel_input(node, ctx)
     axes = list(range(2, rank))
     count = int(np.prod([shape[a] for a in axes]))
     eps = lit(node.attr("epsilon", 1e-5), dt)
@@ -709,12 +715,7 @@ def instancenorm(node: Node, ctx: LowerContext) -> Lowered:
 
 @register("LRN")
 def lrn(node: Node, ctx: LowerContext) -> Lowered:
-    x, out = node.inputs[0], node.outputs[0]
-    dt = require_float(node, ctx, x)
-    shape = ctx.shape(x)
-    rank = len(shape)
-    if rank < 3:
-        raise unsupported(node, f"input rank {rank} (expected N, C, spatial...)")
+    x, out, dt, shape, rank = _channel_input(node, ctx)
     size = node.attr("size")
     if size is None or size < 1:
         raise unsupported(node, "missing or invalid attribute size")
