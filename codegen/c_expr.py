@@ -205,13 +205,14 @@ def isl_expr(e: isl.AstExpr, names: dict[str, str]) -> Piece:
 # -- statement bodies ---------------------------------------------------------------------
 
 #: math built-ins printed as the libm function (``f`` suffix for float32)
-_LIBM = {"exp", "log", "sqrt", "tanh", "fabs", "fmax", "fmin", "pow", "sin", "cos", "tan",
+_LIBM = {"exp", "log", "sqrt", "tanh", "fabs", "pow", "sin", "cos", "tan",
          "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "exp2",
          "expm1", "log2", "log10", "log1p", "cbrt", "erf", "erfc", "floor", "ceil", "trunc",
          "fmod", "hypot", "fma", "copysign"}
 #: built-ins printed as a helper of the prelude, or as another libm function
 _HELPER = {"sigmoid": "polyc_sigmoid", "relu": "polyc_relu", "rsqrt": "polyc_rsqrt",
-           "round": "rint"}  # rint: round half to even, as numpy does
+           "round": "rint",  # rint: round half to even, as numpy does
+           "fmax": "polyc_fmax", "fmin": "polyc_fmin"}  # fmax's semantics, vectorizable
 _SUFFIX = {"int32": "_i32", "int64": "_i64"}
 
 
@@ -348,7 +349,8 @@ def update(op: str, target: Piece, value: Piece, dtype: str) -> str:
     if op in ("+", "*"):
         return f"{target.text} {op}= {value.text}"
     if op in ("max", "min"):
-        fn = f"polyc_{op}{_SUFFIX[dtype]}" if dtype in _SUFFIX else float_fn("f" + op, dtype)
+        fn = (f"polyc_{op}{_SUFFIX[dtype]}" if dtype in _SUFFIX
+              else float_fn(_HELPER["f" + op], dtype))
         return f"{target.text} = {call(fn, target, value).text}"
     raise InternalError(f"unknown statement operator {op!r}")
 
@@ -373,12 +375,25 @@ def _prelude() -> str:
             f"static inline {ct} polyc_sigmoid{f}({ct} x) {{ return {one} / ({one} + exp{f}(-x)); }}",
             f"static inline {ct} polyc_relu{f}({ct} x) {{ return x < {zero} ? {zero} : x; }}",
             f"static inline {ct} polyc_rsqrt{f}({ct} x) {{ return {one} / sqrt{f}(x); }}",
+            # fmax/fmin (a NaN operand yields the other) as selects that gcc vectorizes,
+            # and keeps branch-free in scalar code: without -ffinite-math-only, fmaxf()
+            # is a libm call per element
+            (f"static inline {ct} polyc_fmax{f}({ct} a, {ct} b) "
+             f"{{ const {ct} m = a > b ? a : b; return b != b ? a : m; }}"),
+            (f"static inline {ct} polyc_fmin{f}({ct} a, {ct} b) "
+             f"{{ const {ct} m = a < b ? a : b; return b != b ? a : m; }}"),
             (f"static inline {ct} polyc_mod{f}({ct} a, {ct} b) "
              f"{{ const {ct} r = fmod{f}(a, b); return r != {zero} && (r < {zero}) != (b < {zero}) "
              "? r + b : r; }")]
     lines += [
-        "/* zeroed, 64-byte aligned storage of count elements of elem bytes; NULL on failure */",
+        "/* 64-byte aligned storage of count elements of elem bytes; NULL on failure */",
         "static inline void *polyc_alloc(int64_t count, size_t elem)",
+        "{",
+        "  size_t bytes = ((size_t)count * elem + 63) & ~(size_t)63;",
+        "  return aligned_alloc(64, bytes ? bytes : 64);",
+        "}",
+        "/* the same, zeroed: for a temporary whose initial value some statement reads */",
+        "static inline void *polyc_alloc_zeroed(int64_t count, size_t elem)",
         "{",
         "  size_t bytes = ((size_t)count * elem + 63) & ~(size_t)63;",
         "  void *p = aligned_alloc(64, bytes ? bytes : 64);",

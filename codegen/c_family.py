@@ -9,7 +9,9 @@ pragmas, qualifiers, the index type. The function it generates for a kernel::
         return 1;
       {                                   // only for specialised kernels (fixed sizes)
         const int64_t M = 100;
-        T *restrict tmp = polyc_alloc(...);   // temporaries, zeroed; return 2 on failure
+        T *restrict tmp = polyc_alloc(...);   // temporaries; return 2 on failure
+                                              // (polyc_alloc_zeroed where a statement
+                                              // may read an element before it is written)
         <loop nest>
         free(tmp);
         return 0;
@@ -63,6 +65,7 @@ from .c_expr import (
     loop_var,
     update,
 )
+from .initial_values import reads_before_writing
 
 
 @dataclass(frozen=True)
@@ -353,16 +356,18 @@ def _declaration(kernel: Kernel, sym: _Symbols, dialect: CDialect,
 def _function(kernel: Kernel, sym: _Symbols, dialect: CDialect,
               body: list[cgen.Generable], storage: str = "",
               attributes: str = "") -> cgen.FunctionBody:
-    temps = [(sym.arrays[a.name], CTYPES[a.dtype], a.shape) for a in kernel.temporaries]
+    temps = [(sym.arrays[a.name], CTYPES[a.dtype], a.shape,
+              reads_before_writing(kernel, a.name)) for a in kernel.temporaries]
     printer = sym.printer(kernel, {})
     inner: list[cgen.Generable] = []
-    for name, ctype, shape in temps:
+    for name, ctype, shape, zeroed in temps:
         count = printer.expr(_product(shape), "int64").text
+        alloc = "polyc_alloc_zeroed" if zeroed else "polyc_alloc"
         inner.append(cgen.Statement(
-            f"{ctype} *{dialect.restrict} {name} = polyc_alloc({count}, sizeof({ctype}))"))
-    frees = [cgen.Statement(f"free({name})") for name, _, _ in temps]
+            f"{ctype} *{dialect.restrict} {name} = {alloc}({count}, sizeof({ctype}))"))
+    frees = [cgen.Statement(f"free({name})") for name, *_ in temps]
     if temps:
-        failed = " || ".join(f"!{name}" for name, _, _ in temps)
+        failed = " || ".join(f"!{name}" for name, *_ in temps)
         inner.append(cgen.If(failed, cgen.Block(frees + [cgen.Statement("return 2")])))
     inner += body + frees + [cgen.Statement("return 0")]
 

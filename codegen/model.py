@@ -19,7 +19,9 @@ table, and the public functions::
 runs share nothing mutable. Each step is one call ``polyc_k<i>_<name>(buffers...)``
 on pointers into the caller's inputs/outputs, the weights or the arena. An output
 buffer is zeroed before its step only when its kernel reads the initial value of some
-element (the kernel contract: outputs start at zero) -- see :func:`reads_initial_values`.
+element (the kernel contract: outputs start at zero) -- see
+:func:`.initial_values.reads_initial_values` (the analysis that also decides which kernel
+temporaries are zeroed).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from polyc.program import Program
 from . import model_c
 from .c_expr import CTYPES, Namer, sanitize
 from .c_family import CDialect, CFunction, generate_function
+from .initial_values import reads_initial_values
 from .memplan import MemoryPlan, lifetimes, plan_memory
 from .weights import WeightsLayout, plan_weights
 
@@ -101,12 +104,21 @@ def generate_model(program: Program, schedule: Scheduler, options: Options | Non
                        units)
 
 
-def build_jobs() -> int:
-    """How many C compilers to run at once: the CPUs this process may use."""
+def _cpus() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+#: read at import: once a polyc library has run a parallel region under
+#: ``OMP_PROC_BIND``, libgomp has pinned the calling thread to one CPU
+_CPUS = _cpus()
+
+
+def build_jobs() -> int:
+    """How many C compilers to run at once: the CPUs this process may use."""
+    return _CPUS
 
 
 # -- storage -----------------------------------------------------------------------------
@@ -218,40 +230,6 @@ def kernel_key(kernel: Kernel) -> str:
 def _statement_key(s: Statement) -> str:
     return repr((s.name, str(s.domain), s.iterators, s.write.array, s.write.indices, s.op,
                  s.value, s.kind))
-
-
-# -- which outputs start at zero ---------------------------------------------------------
-
-def reads_initial_values(kernel: Kernel, array: str) -> bool:
-    """Does ``kernel`` read an element of its output ``array`` before writing it with
-    ``=`` (a ``+=`` without init, ``max=`` ...), or leave an element unwritten? Then the
-    caller must zero it first (outputs start at zero, as ``np.zeros`` in the runtime).
-
-    Statements run in program order (the schedule preserves every dependence), so it is
-    enough to follow, statement by statement, the set of elements written with ``=``.
-    """
-    arr = kernel.array(array)
-    box = _box(kernel, arr)
-    written = box.subtract(box)  # empty, same space
-    for s in kernel.statements:
-        for r in s.reads:
-            if r.array == array and not _touched(s, r, box).is_subset(written):
-                return True
-        if s.write.array == array and s.op == "=":
-            written = written.union(_touched(s, s.write, box))
-    return not box.is_subset(written)
-
-
-def _box(kernel: Kernel, arr: Array) -> isl.Set:
-    names = [f"d{i}" for i in range(arr.rank)]
-    conds = " and ".join(f"0 <= {d} < {E.to_isl(x)}" for d, x in zip(names, arr.shape))
-    prefix = f"[{', '.join(kernel.sizes)}] -> " if kernel.sizes else ""
-    text = f"{prefix}{{ {arr.name}[{', '.join(names)}]" + (f" : {conds} }}" if conds else " }")
-    return isl.Set(text).intersect_params(kernel.context)
-
-
-def _touched(s: Statement, access: Access, box: isl.Set) -> isl.Set:
-    return access.relation(s.domain).range().intersect(box)
 
 
 def itemsize(dtype: str) -> int:

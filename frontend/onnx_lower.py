@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from polyc.errors import CompileError, InternalError
+from polyc.inline import inline_pointwise
 from polyc.ir import Kernel
 from polyc.program import Buffer, Program, Step, alias_root
 
@@ -205,6 +206,7 @@ class _ProgramBuilder:
         text = f"def {kname}({params}) -> ({rets}) {{\n{body}\n}}\n"
         kernel = self.compile_tc(text, where)
         self.verify(kernel, ctx, where, text)
+        kernel = inline_pointwise(kernel)
         self.steps.append(Step(kernel, tuple(inputs + outputs), tuple(n.name for n in nodes)))
 
     def compile_tc(self, text: str, where: str) -> Kernel:

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .onnx_graph import LowerContext, Lowered, Node, literal, register
+from .onnx_layout import CHANNELS_LAST
 from .onnx_ops_shape import affine, check_dtype, check_nonempty, lhs, names, read, \
     unsupported, where
 
@@ -119,6 +120,8 @@ def conv(node: Node, ctx: LowerContext) -> Lowered:
     k = len(xs) - 2
     if k < 1 or len(ws) != k + 2:
         raise unsupported(node, f"input rank {len(xs)} / weight rank {len(ws)}")
+    if node.attr(CHANNELS_LAST):
+        return _conv_channels_last(node, ctx)
     group = int(node.attr("group", 1))
     M, Cg = ws[0], ws[1]
     if group < 1 or M % group or xs[1] != Cg * group:
@@ -136,21 +139,7 @@ def conv(node: Node, ctx: LowerContext) -> Lowered:
         # padding: copy the input into a zero-padded temporary, then a rectangular,
         # unguarded convolution over it (see the module doc)
         src = ctx.temp("xpad")
-        p = names("p", k)
-        ext = [win.max_index(d) + win.begin[d] + 1 for d in range(k)]
-        pidx = ["n", "ci"] + p
-        pguards = []
-        for d in range(k):
-            e = affine([(1, p[d])], -win.begin[d])
-            if win.begin[d] > 0:
-                pguards.append(f"{e} >= 0")
-            if ext[d] - 1 - win.begin[d] > xs[d + 2] - 1:
-                pguards.append(f"{e} < {xs[d + 2]}")
-        xval = read(ctx.name(x), ["n", "ci"] + [affine([(1, p[d])], -win.begin[d])
-                                              for d in range(k)])
-        zero = literal(0.0, ctx.dtype(x))
-        pranges = [("n", 0, xs[0]), ("ci", 0, xs[1])] + [(p[d], 0, ext[d]) for d in range(k)]
-        stmts.append(f"{lhs(src, pidx)} = {_guarded(pguards, xval, zero)}{where(pranges)}")
+        stmts.append(_padded_copy(ctx, x, src, win, ["n", "ci"], []))
         xread = read(src, ["n", cin] + [affine([(win.strides[d], o[d]),
                                                 (win.dilations[d], r[d])], 0)
                                         for d in range(k)])
@@ -164,6 +153,66 @@ def conv(node: Node, ctx: LowerContext) -> Lowered:
     if b:
         stmts.append(_bias(ctx, y, b, out_idx))
     return Lowered(stmts)
+
+
+def _padded_copy(ctx: LowerContext, x: str, dst: str, win: Window, before: list[str],
+                 after: list[str]) -> str:
+    """``dst(before.., p.., after..) = X(n, ci, p - pad..)`` (0 in the padding): the
+    input's spatial dimensions copied between the leading ``before`` and trailing
+    ``after`` indices (``n, ci`` first for NCHW, ``n`` / ``ci`` around for NHWC)."""
+    xs = ctx.shape(x)
+    k = len(xs) - 2
+    p = names("p", k)
+    ext = [win.max_index(d) + win.begin[d] + 1 for d in range(k)]
+    guards = []
+    for d in range(k):
+        e = affine([(1, p[d])], -win.begin[d])
+        if win.begin[d] > 0:
+            guards.append(f"{e} >= 0")
+        if ext[d] - 1 - win.begin[d] > xs[d + 2] - 1:
+            guards.append(f"{e} < {xs[d + 2]}")
+    xval = read(ctx.name(x), ["n", "ci"] + [affine([(1, p[d])], -win.begin[d])
+                                          for d in range(k)])
+    zero = literal(0.0, ctx.dtype(x))
+    ranges = [("n", 0, xs[0]), ("ci", 0, xs[1])] + [(p[d], 0, ext[d]) for d in range(k)]
+    return f"{lhs(dst, before + p + after)} = {_guarded(guards, xval, zero)}{where(ranges)}"
+
+
+def _conv_channels_last(node: Node, ctx: LowerContext) -> Lowered:
+    """A 2-D, group-1 Conv computed channel-last (see :mod:`.onnx_layout`): weights are
+    ``(KH, KW, C, M)``; the input is copied (padded) to NHWC, the convolution vectorizes
+    along ``m``, and the result goes back to NCHW with the bias."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    b = node.inputs[2] if len(node.inputs) > 2 else ""
+    xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
+    KH, KW, C, M = ws
+    if len(xs) != 4 or xs[1] != C or ys[1] != M or \
+            list(node.attr("kernel_shape", [KH, KW])) != [KH, KW]:
+        raise unsupported(node, f"channel-last weights {list(ws)} do not fit input {list(xs)}")
+    win = Window(node, xs[2:], ys[2:], [KH, KW])
+    xt, yt = ctx.temp("xt"), ctx.temp("yt")
+    o, r = names("o", 2), names("k", 2)
+    if KH == KW == 1 and not any(win.begin + win.end):
+        # a 1x1 (maybe strided) conv reads one input pixel per output pixel: copy those
+        copy_in = f"{lhs(xt, ['n'] + o + ['ci'])} = " \
+            f"{read(ctx.name(x), ['n', 'ci'] + [affine([(win.strides[d], o[d])]) for d in range(2)])}" \
+            f"{where([('n', 0, xs[0])] + [(o[d], 0, ys[d + 2]) for d in range(2)] + [('ci', 0, C)])}"
+        xread = read(xt, ["n"] + o + ["c"])
+    else:
+        copy_in = _padded_copy(ctx, x, xt, win, ["n"], ["ci"])
+        xread = read(xt, ["n"] + [affine([(win.strides[d], o[d]), (win.dilations[d], r[d])])
+                                  for d in range(2)] + ["c"])
+    ranges = [("n", 0, ys[0])] + [(o[d], 0, ys[d + 2]) for d in range(2)] + \
+        [("m", 0, M)] + [(r[d], 0, ws[d]) for d in range(2)] + [("c", 0, C)]
+    conv = f"{lhs(yt, ['n'] + o + ['m'])} +=! {xread} * {read(ctx.name(w), r + ['c', 'm'])}" \
+        f"{where(ranges)}"
+    out_idx = ["n", "m"] + o
+    value = read(yt, ["n"] + o + ["m"])
+    if b:
+        value = f"{value} + {read(ctx.name(b), ['m'])}"
+    copy_out = f"{lhs(ctx.name(y), out_idx)} = {value}" \
+        f"{where([(i, 0, d) for i, d in zip(out_idx, ys)])}"
+    return Lowered([copy_in, conv, copy_out])
 
 
 def _bias(ctx: LowerContext, y: str, b: str, out_idx: list[str]) -> str:
@@ -185,6 +234,8 @@ def conv_transpose(node: Node, ctx: LowerContext) -> Lowered:
     k = len(xs) - 2
     if k < 1 or len(ws) != k + 2:
         raise unsupported(node, f"input rank {len(xs)} / weight rank {len(ws)}")
+    if node.attr(CHANNELS_LAST):
+        return _conv_channels_last(node, ctx)
     group = int(node.attr("group", 1))
     C, Mg = ws[0], ws[1]
     M = Mg * group
@@ -240,6 +291,17 @@ def conv_transpose(node: Node, ctx: LowerContext) -> Lowered:
 
 
 # -- pools -----------------------------------------------------------------------------
+#
+# A pool is split into its interior, the outputs whose windows lie inside the input,
+# and the border around it. The interior is one statement with the window unrolled,
+# ``Y(n,c,o..) = max(max(X(..), X(..)), ..)`` (a balanced tree, no reduction loop),
+# over a rectangular domain: its output-width loop vectorizes, reading the taps
+# directly. The border (a few rows and columns) keeps the reduction whose unguarded
+# read restricts its domain to the taps inside the input.
+
+#: most window taps unrolled into one expression (larger windows stay reductions)
+POOL_UNROLL = 64
+
 
 def _pool_setup(node: Node, ctx: LowerContext):
     x, y = node.inputs[0], node.outputs[0]
@@ -263,14 +325,88 @@ def _pool_setup(node: Node, ctx: LowerContext):
     return x, y, dt, win, o, r, out_idx, ranges, xread
 
 
+def _interior(win: Window) -> list[tuple[int, int]] | None:
+    """Per spatial dimension, the outputs ``[lo, hi)`` whose window taps all lie inside
+    the input; None when that box is empty or the window too large to unroll."""
+    if int(np.prod(win.kernel)) > POOL_UNROLL:
+        return None
+    box = []
+    for d in range(len(win.kernel)):
+        s, b = win.strides[d], win.begin[d]
+        last = (win.kernel[d] - 1) * win.dilations[d]
+        lo = max(0, -(-b // s))  # o*s - b >= 0
+        hi = min(win.out_sp[d], (win.in_sp[d] - 1 + b - last) // s + 1)  # o*s+last-b < in
+        if lo >= hi:
+            return None
+        box.append((lo, hi))
+    return box
+
+
+def _taps(ctx: LowerContext, x: str, win: Window, o: list[str]) -> list[str]:
+    """The reads of every window tap at output ``o`` (the kernel offsets as constants)."""
+    k = len(o)
+    out = []
+    for offs in np.ndindex(*win.kernel):
+        idx = [affine([(win.strides[d], o[d])], offs[d] * win.dilations[d] - win.begin[d])
+               for d in range(k)]
+        out.append(read(ctx.name(x), ["n", "c"] + idx))
+    return out
+
+
+def _tree(terms: list[str], combine) -> str:
+    """``terms`` combined pairwise into a balanced tree (independent operations)."""
+    while len(terms) > 1:
+        terms = [combine(terms[i], terms[i + 1]) if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
+def _border(win: Window, box: list[tuple[int, int]], o: list[str]) \
+        -> list[list[tuple[str, int, int]]]:
+    """The output ranges of the border around the interior ``box`` as disjoint boxes.
+    When the interior stops short of the output's extent in some dimension, the first
+    box ends at the extent in every dimension: the first statement writing a tensor
+    gives it its shape (see :func:`_shape_first`)."""
+    k = len(o)
+    full = [(0, win.out_sp[d]) for d in range(k)]
+    first = [d for d in range(k) if box[d][1] < full[d][1]]
+    order = first[:1] + [d for d in range(k) if d not in first[:1]]
+    slabs = []
+    for pos, d in enumerate(order):
+        rng = {e: (box[e] if e in order[:pos] else full[e]) for e in range(k)}
+        for lo, hi in ((box[d][1], full[d][1]), (0, box[d][0])):  # the high side first
+            if lo < hi:
+                rng[d] = (lo, hi)
+                slabs.append([(o[e], *rng[e]) for e in range(k)])
+    return slabs
+
+
 @register("MaxPool")
 def max_pool(node: Node, ctx: LowerContext) -> Lowered:
     if len(node.outputs) > 1 and node.outputs[1]:
         raise unsupported(node, "the Indices output is not supported (supported: MaxPool "
                                 "with its first output only)")
     x, y, dt, win, o, r, out_idx, ranges, xread = _pool_setup(node, ctx)
+    target = lhs(ctx.name(y), out_idx)
     # padded elements are -inf, max's identity: the unguarded read restricts the domain
-    return Lowered([f"{lhs(ctx.name(y), out_idx)} max=! {xread}{where(ranges)}"])
+    box = _interior(win)
+    if box is None:
+        return Lowered([f"{target} max=! {xread}{where(ranges)}"])
+    k, nc = len(o), ranges[:2]
+    value = _tree(_taps(ctx, x, win, o), lambda a, b: f"max({a}, {b})")
+    inner = f"{target} = {value}{where(nc + [(o[d], *box[d]) for d in range(k)])}"
+    border = [f"{target} max=! {xread}{where(nc + slab + ranges[2 + k:])}"
+              for slab in _border(win, box, o)]
+    return Lowered(_shape_first(win, box, border, inner))
+
+
+def _shape_first(win: Window, box: list[tuple[int, int]], border: list[str],
+                 inner: str) -> list[str]:
+    """The border and interior statements, the first giving the output its shape: the
+    first border slab, or the interior when it ends at the output's extent."""
+    if any(box[d][1] < win.out_sp[d] for d in range(len(box))):
+        return border + [inner]
+    return [inner] + border
 
 
 @register("AveragePool")
@@ -281,7 +417,20 @@ def average_pool(node: Node, ctx: LowerContext) -> Lowered:
     k = len(o)
     include = int(node.attr("count_include_pad", 0))
     target = lhs(ctx.name(y), out_idx)
-    stmts = [f"{target} +=! {xread}{where(ranges)}"]
+    box = _interior(win)
+    nc = ranges[:2]
+    if box is None:
+        out_sets = [[(o[d], 0, win.out_sp[d]) for d in range(k)]]
+    else:
+        out_sets = _border(win, box, o)
+    stmts = [f"{target} +=! {xread}{where(nc + rs + ranges[2 + k:])}" for rs in out_sets]
+    if box is not None:
+        # inside the input every window counts all its taps
+        total = literal(float(np.prod(win.kernel)), dt)
+        value = _tree(_taps(ctx, x, win, o), lambda a, b: f"({a} + {b})")
+        inner = f"{target} = ({value}) / {total}" \
+            f"{where(nc + [(o[d], *box[d]) for d in range(k)])}"
+        stmts = _shape_first(win, box, stmts, inner)
     # the count of each spatial dimension, per output index (separable)
     counts = []
     for d in range(k):
@@ -289,10 +438,10 @@ def average_pool(node: Node, ctx: LowerContext) -> Lowered:
         pos = (np.arange(win.out_sp[d])[:, None] * win.strides[d]
                + np.arange(win.kernel[d])[None, :] * win.dilations[d] - win.begin[d])
         counts.append(((pos >= lo) & (pos < hi)).sum(axis=1))
-    out_ranges = [(i, 0, e) for i, e in zip(out_idx, ctx.shape(y))]
     if all((c == c[0]).all() for c in counts):
         total = int(np.prod([c[0] for c in counts]))
-        stmts.append(f"{target} = {target} / {literal(float(total), dt)}{where(out_ranges)}")
+        stmts += [f"{target} = {target} / {literal(float(total), dt)}{where(nc + rs)}"
+                  for rs in out_sets]
         return Lowered(stmts)
     # a count statement over the kernel offsets of the varying dimensions; the others
     # contribute their constant count
@@ -308,7 +457,8 @@ def average_pool(node: Node, ctx: LowerContext) -> Lowered:
     one, zero = literal(float(factor), dt), literal(0.0, dt)
     stmts.insert(0, f"{cnt}({', '.join(o)}) +=! {_guarded(cguards, one, zero)}"
                     f"{where(cranges)}")
-    stmts.append(f"{target} = {target} / {cnt}({', '.join(o)}){where(out_ranges)}")
+    stmts += [f"{target} = {target} / {cnt}({', '.join(o)}){where(nc + rs)}"
+              for rs in out_sets]
     return Lowered(stmts)
 
 
@@ -325,6 +475,17 @@ def _global_pool(node: Node, ctx: LowerContext, op: str) -> Lowered:
     target = lhs(ctx.name(y), out_idx)
     ranges = [("n", 0, xs[0]), ("c", 0, xs[1])] + [(i, 0, 1) for i in z] + \
         [(r[d], 0, xs[d + 2]) for d in range(k)]
+    if int(np.prod(xs[2:])) <= POOL_UNROLL:
+        # a small plane (ResNet's 7x7): the taps unrolled into a balanced tree, no
+        # loop-carried chain through the accumulator
+        taps = [read(ctx.name(x), ["n", "c"] + [str(i) for i in pos])
+                for pos in np.ndindex(*xs[2:])]
+        combine = (lambda a, b: f"({a} + {b})") if op == "+" else \
+            (lambda a, b: f"{op}({a}, {b})")
+        value = _tree(taps, combine)
+        if op == "+":
+            value = f"({value}) / {literal(float(np.prod(xs[2:])), dt)}"
+        return Lowered([f"{target} = {value}{where(ranges[:2 + k])}"])
     stmts = [f"{target} {op}=! {read(ctx.name(x), ['n', 'c'] + r)}{where(ranges)}"]
     if op == "+":
         total = int(np.prod(xs[2:]))

@@ -11,7 +11,8 @@
    once (identical constants merged too);
 5. :func:`eliminate_dead_nodes` -- nodes and constants nothing uses.
 
-(then folding, CSE and DCE once more, as each can open work for the others).
+(then folding, CSE and DCE once more, as each can open work for the others), and last
+:func:`.onnx_layout.choose_conv_layouts` -- which Convs run channel-last.
 :func:`fusion_groups` then partitions the nodes into the groups that become one
 kernel each. Counts of what each pass did are kept: :func:`pass_stats`.
 """
@@ -27,6 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .onnx_graph import Graph, Node, TensorInfo
+from .onnx_layout import choose_conv_layouts
 
 NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
          "int64": np.int64, "bool": np.bool_}
@@ -489,10 +491,12 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None) -> Graph:
     graph = eliminate_common_subexpressions(graph, c)
     graph = fold_constants(graph, c)
     graph = eliminate_dead_nodes(graph, c)
+    graph = choose_conv_layouts(graph, c)
     c["nodes_before"] = before
     c["nodes_after"] = len(graph.nodes)
     result = {k: int(c.get(k, 0)) for k in ("folded", "noops", "batchnorm_folded", "cse",
-                                             "cse_constants", "dead", "nodes_before",
+                                             "cse_constants", "dead", "conv_channels_last",
+                                             "gemm_transposed", "nodes_before",
                                              "nodes_after")}
     _STATS.clear()
     _STATS.update(result)

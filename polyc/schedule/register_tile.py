@@ -152,8 +152,48 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
     if shape is None:
         return None
     mr, nr = shape
+    if options.register_tile is True:
+        lanes = max(1, vector_bits() // 8 // _ELEMENT_BYTES[kernel.array(write.array).dtype])
+        mr, nr = fit_shape(mr, nr, lanes, extent(s, kernel, its[u]), extent(s, kernel, its[vec]))
     box = tuple(mr if its[u] in x else nr if its[vec] in x else 1 for x in uses)
     return Plan(s.name, write.array, u, vec, mr, nr, box)
+
+
+#: the most unrolled rows of a register tile (a one-vector-wide tile could take more)
+MAX_ROWS = 16
+
+
+def fit_shape(mr: int, nr: int, lanes: int, ext_u: int | None,
+              ext_v: int | None) -> tuple[int, int]:
+    """The machine's ``MR x NR`` tile fitted to the extents of its row and column loops
+    (None: unknown). Columns shrink to the vectors the column extent fills (a 32-channel
+    layer gets 2 vectors, not 4); the accumulator registers this frees go to rows (up to
+    :data:`MAX_ROWS`). Rows are then the count that needs the fewest tiles, preferring one
+    that divides the extent (no partial tile: ResNet's widths 7, 14, 28 get 7 rows, 56
+    gets 8), then the larger."""
+    budget = max(1, mr * nr // lanes)  # accumulator vectors of the machine's shape
+    if ext_v is not None and ext_v < nr:
+        nr = max(lanes, -(-ext_v // lanes) * lanes)
+    cap = max(1, min(MAX_ROWS, budget // max(1, nr // lanes)))
+    if ext_u is None:
+        return min(mr, cap), nr
+    rows = min(range(1, cap + 1), key=lambda r: (-(-ext_u // r), ext_u % r != 0, -r))
+    return rows, nr
+
+
+def extent(s: Statement, kernel: Kernel, it: str) -> int | None:
+    """The number of values iterator ``it`` of ``s`` takes, when the sizes are fixed."""
+    if len(kernel.fixed_sizes) != len(kernel.sizes) or it not in s.iterators:
+        return None
+    dom = s.domain.intersect_params(kernel.context)
+    dom = dom.project_out(isl.dim_type.param, 0, dom.dim(isl.dim_type.param))
+    if dom.is_empty():
+        return None
+    i = s.iterators.index(it)
+    lo, hi = dom.dim_min_val(i), dom.dim_max_val(i)
+    if not (lo.is_int() and hi.is_int()):
+        return None
+    return max(0, hi.to_python() - lo.to_python() + 1)
 
 
 def _val(v: int) -> isl.Val:

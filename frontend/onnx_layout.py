@@ -1,0 +1,108 @@
+"""Layout choice for convolutions: which Conv runs channel-last inside its kernel.
+
+A model's activations stay NCHW between kernels (the layout of the graph and of the
+caller's arrays). Inside one Conv kernel, though, the layout decides the micro-kernel:
+an NCHW convolution vectorizes along the output width ``ow``. That is good on wide
+feature maps and poor on narrow or strided ones: ResNet-50's 14x14 and 7x7 layers fill
+7 or 14 of 16 float lanes of an AVX-512 vector and leave the register tile (8 x 64 by
+default) with partial tiles only, and a stride-2 layer reads its input with a stride-2
+vector access. Those layers ran at 25-45 GFLOP/s where the wide ones reach ~95.
+
+A **channel-last** Conv (chosen here, lowered by :func:`onnx_ops_nn.conv`) computes::
+
+    Xt(n, h, w, c)   = X(n, c, h - pad, w - pad)        (0 in the padding: one copy)
+    Yt(n, oh, ow, m) +=! Xt(n, oh*s + kh*d, ow*s + kw*d, c) * Wt(kh, kw, c, m)
+    Y(n, m, oh, ow)  = Yt(n, oh, ow, m) (+ B(m))         (back to NCHW, bias on the way)
+
+with ``Wt`` the weights transposed to ``(KH, KW, C, M)`` once, here, at compile time.
+The vector loop is now the output channel ``m`` (64 to 2048 in ResNet, always a whole
+number of vectors), the register tile's rows run over ``ow`` (the tile adapts its row
+count to the extent: 7 rows for widths 7, 14, 28), and the input is read one broadcast
+scalar at a time whatever the stride. The two copies move ``C*H*W + M*OH*OW`` elements
+against ``2*M*C*KH*KW*OH*OW`` flops: noise for the layers chosen.
+
+The rule (:func:`wants_channels_last`): a 2-D Conv with group 1, constant float weights,
+an output channel count that fills whole vectors, at least that many input channels,
+and an output narrower than
+:data:`NARROW` or a horizontal stride above 1.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import numpy as np
+
+from .onnx_graph import Graph, Node, TensorInfo
+
+#: the internal Conv attribute that :func:`onnx_ops_nn.conv` reads (weights are HWIO)
+CHANNELS_LAST = "polyc_channels_last"
+#: output widths below this run channel-last (NCHW vectors along ``ow`` waste lanes)
+NARROW = 32
+#: output channels must be a multiple of this (16 float32 lanes of AVX-512)
+CHANNEL_MULTIPLE = 16
+
+
+def wants_channels_last(node: Node, graph: Graph) -> bool:
+    """The cost rule of the module doc."""
+    if node.op_type != "Conv" or node.attrs.get(CHANNELS_LAST) or len(node.inputs) < 2:
+        return False
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    weights = graph.constants.get(w)
+    if weights is None or weights.ndim != 4 or int(node.attrs.get("group", 1)) != 1:
+        return False
+    if graph.tensors[x].dtype not in ("float32", "float64") or weights.dtype != \
+            np.dtype(graph.tensors[x].dtype):
+        return False
+    ys = graph.tensors[y].shape
+    if len(ys) != 4 or weights.shape[0] % CHANNEL_MULTIPLE or weights.shape[1] < CHANNEL_MULTIPLE:
+        return False  # (a stem conv over 3 input channels stays NCHW: measured faster)
+    strides = [int(s) for s in node.attrs.get("strides", [1, 1])]
+    return ys[3] < NARROW or (len(strides) == 2 and strides[1] > 1)
+
+
+def wants_transposed_gemm(node: Node, graph: Graph) -> bool:
+    """A Gemm with ``transB=1`` and constant 2-D ``B`` (a fully-connected layer stored
+    ``(out, in)``): its contraction would run along ``B``'s rows, a scalar reduction."""
+    if node.op_type != "Gemm" or not int(node.attrs.get("transB", 0)) or len(node.inputs) < 2:
+        return False
+    b = graph.constants.get(node.inputs[1])
+    return b is not None and b.ndim == 2
+
+
+def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
+    """Mark the Convs that run channel-last and give them ``(KH, KW, C, M)`` weights, and
+    give each Gemm with ``transB=1`` and constant ``B`` the transposed ``B`` (``transB=0``:
+    the layer then vectorizes along its outputs, a GEMV streaming contiguous rows). The
+    new weights are new constants; the old ones go when nothing else reads them."""
+    from .onnx_passes import eliminate_dead_nodes
+    stats = stats if stats is not None else Counter()
+    constants, tensors = dict(graph.constants), dict(graph.tensors)
+    nodes = []
+    transposed: dict[tuple[str, str], str] = {}  # (weight, layout) -> its copy
+
+    def copy(w: str, tag: str, axes: tuple[int, ...]) -> str:
+        if (w, tag) not in transposed:
+            value = np.ascontiguousarray(np.transpose(graph.constants[w], axes))
+            name, k = f"{w}_{tag}", 1
+            while name in tensors:
+                name, k = f"{w}_{tag}_{k}", k + 1
+            constants[name] = value
+            tensors[name] = TensorInfo(name, tensors[w].dtype, tuple(value.shape))
+            transposed[(w, tag)] = name
+        return transposed[(w, tag)]
+
+    for n in graph.nodes:
+        if wants_channels_last(n, graph):
+            inputs = (n.inputs[0], copy(n.inputs[1], "hwio", (2, 3, 1, 0))) + n.inputs[2:]
+            n = dataclasses.replace(n, inputs=inputs, attrs={**n.attrs, CHANNELS_LAST: 1})
+            stats["conv_channels_last"] += 1
+        elif wants_transposed_gemm(n, graph):
+            inputs = (n.inputs[0], copy(n.inputs[1], "t", (1, 0))) + n.inputs[2:]
+            n = dataclasses.replace(n, inputs=inputs, attrs={**n.attrs, "transB": 0})
+            stats["gemm_transposed"] += 1
+        nodes.append(n)
+    if not transposed:
+        return graph
+    return eliminate_dead_nodes(dataclasses.replace(
+        graph, nodes=tuple(nodes), constants=constants, tensors=tensors), stats)

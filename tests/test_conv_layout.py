@@ -1,0 +1,236 @@
+"""Channel-last convolutions (frontend/onnx_layout.py), pointwise inlining
+(polyc/inline.py) and the register tile fitted to small extents
+(register_tile.fit_shape, optimize._fit_panel): results against onnxruntime / numpy on
+sizes that are not multiples of any tile, and the structure each one promises."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import assert_matches_numpy, random_inputs
+from onnx import TensorProto, helper, numpy_helper
+from onnx_models import onnxruntime_outputs
+
+import polyc
+from polyc import pipeline
+from polyc.frontend import from_tc
+from polyc.frontend.onnx_layout import CHANNELS_LAST
+from polyc.inline import inline_pointwise
+from polyc.model import lower_onnx
+from polyc.schedule import optimize, register_tile
+
+pytestmark = pytest.mark.filterwarnings("error::polyc.errors.PolycWarning")
+
+
+def _conv_model(c: int, m: int, h: int, w: int, k: int, stride: int, pad: int,
+                residual: bool = True, bias: bool = True, seed: int = 0) -> onnx.ModelProto:
+    """Conv(+bias) -> Add(residual from a second input) -> Relu, weights as initializers."""
+    rng = np.random.default_rng(seed)
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    inits = [numpy_helper.from_array((rng.standard_normal((m, c, k, k)) * 0.2)
+                                     .astype(np.float32), "W")]
+    conv_in = ["x", "W"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "B"))
+        conv_in.append("B")
+    nodes = [helper.make_node("Conv", conv_in, ["c"], pads=[pad] * 4, strides=[stride] * 2)]
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])]
+    last = "c"
+    if residual:
+        nodes.append(helper.make_node("Add", ["c", "r"], ["a"]))
+        ins.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, m, oh, ow]))
+        last = "a"
+    nodes.append(helper.make_node("Relu", [last], ["y"]))
+    g = helper.make_graph(nodes, "conv", ins,
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, oh, ow])],
+                          inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _feeds(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for vi in model.graph.input:
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        out[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+# (C, M, H, W, k, stride, pad): narrow outputs, strides, 1x1 and 3x3, odd extents that
+# leave partial register tiles (M=48 is 3 vectors; W=9 gives 9 or 5 output columns)
+SHAPES = [
+    (16, 32, 7, 7, 3, 1, 1),
+    (32, 48, 9, 11, 3, 2, 1),
+    (16, 64, 13, 13, 1, 2, 0),
+    (32, 16, 5, 9, 1, 1, 0),
+    (16, 32, 40, 40, 3, 2, 1),  # wide input, strided: channel-last too
+    (24, 32, 6, 6, 2, 1, 0),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("residual", [True, False])
+def test_channel_last_conv_matches_onnxruntime(shape, residual, tmp_cache):
+    model = _conv_model(*shape, residual=residual, bias=residual)
+    program = lower_onnx(model)
+    convs = [s for s in program.steps if any("v_yt" == a.name for a in s.kernel.arrays)]
+    assert convs, "the conv was expected to run channel-last"
+    feeds = _feeds(model)
+    want = onnxruntime_outputs(model, feeds)[0]
+    for threads in (1, 2):
+        m = polyc.compile_onnx(model, options=polyc.Options(threads=threads,
+                                                            cache_dir=tmp_cache))
+        got = m.run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_wide_or_few_channel_convs_stay_nchw():
+    for shape in [(16, 32, 40, 40, 3, 1, 1), (3, 32, 20, 20, 3, 2, 1), (16, 20, 8, 8, 3, 1, 1)]:
+        program = lower_onnx(_conv_model(*shape, residual=False))
+        assert not any(a.name == "v_yt" for s in program.steps for a in s.kernel.arrays), shape
+
+
+def test_layout_pass_transposes_the_weights_once():
+    from polyc.frontend.onnx_import import load_graph
+    from polyc.frontend.onnx_passes import optimize_graph
+    model = _conv_model(16, 32, 7, 7, 3, 1, 1)
+    stats: dict[str, int] = {}
+    g = optimize_graph(load_graph(model), stats)
+    conv = next(n for n in g.nodes if n.op_type == "Conv")
+    assert conv.attrs[CHANNELS_LAST] == 1 and stats["conv_channels_last"] == 1
+    w = numpy_helper.to_array(model.graph.initializer[0])
+    np.testing.assert_array_equal(g.constants[conv.inputs[1]], w.transpose(2, 3, 1, 0))
+    assert "W" not in g.constants  # the NCHW weights are gone
+
+
+def test_epilogue_is_one_statement():
+    """Bias, residual Add and Relu become one pass after the contraction."""
+    program = lower_onnx(_conv_model(16, 32, 7, 7, 3, 1, 1))
+    (step,) = program.steps
+    last = step.kernel.statements[-1]
+    assert "relu" in str(last.value) and last.write.array == step.kernel.outputs[0]
+    assert len(step.kernel.statements) == 4  # copy-in, init, update, epilogue
+
+
+CHAIN = """
+def chain(float(N,M) A, float(M) B, float(N,M) R) -> (Z) {
+    T(n,m) = A(n,m) + B(m)
+    T(n,m) = T(n,m) * 2.0
+    U(n,m) = R(n,m) + T(n,m)
+    Z(n,m) = fmax(U(n,m), 0.0)
+}"""
+
+
+def test_inline_chain_matches_numpy():
+    k = from_tc(CHAIN)
+    inlined = inline_pointwise(k)
+    assert len(inlined.statements) == 1 and not inlined.temporaries
+    xs = random_inputs([((13, 29), "float32"), ((29,), "float32"), ((13, 29), "float32")])
+    got = polyc.Operator(inlined)(*xs)
+    assert_matches_numpy(got, np.maximum(xs[2] + (xs[0] + xs[1]) * 2.0, 0.0))
+
+
+@pytest.mark.parametrize("src", [
+    # T read twice by later statements: kept
+    """def f(float(N) A) -> (Y, Z) {
+        T(i) = A(i) * 2.0
+        Y(i) = T(i) + 1.0
+        Z(i) = T(i) - 1.0
+    }""",
+    # T broadcast: each element read M times, kept
+    """def f(float(N) A, float(M) B) -> (Y) {
+        T(i) = A(i) * 2.0
+        Y(i,j) = T(i) + B(j)
+    }""",
+    # a reduction reads T many times per element: inlining would recompute it
+    """def f(float(N,K) A, float(K,M) B) -> (Y) {
+        T(k,m) = B(k,m) * 2.0
+        Y(n,m) +=! A(n,k) * T(k,m)
+    }""",
+    # A, which T's value reads, is overwritten before the reader
+    """def f(float(N) X) -> (Y, A) {
+        A(i) = X(i)
+        T(i) = A(i) * 2.0
+        A(i) = 0.0
+        Y(i) = T(i)
+    }""",
+])
+def test_inline_keeps_what_it_must(src):
+    k = from_tc(src)
+    before = len(k.statements)
+    inlined = inline_pointwise(k)
+    t_kept = any(s.write.array == "T" for s in inlined.statements)
+    assert t_kept, f"T was inlined: {len(inlined.statements)} of {before} statements left"
+
+
+def test_inline_through_a_shifted_read():
+    src = """def f(float(N) A) -> (Y) {
+        T(i) = A(i) * 2.0 where i in 0:N
+        Y(i) = T(i + 1) where i in 0:N-1
+    }"""
+    inlined = inline_pointwise(from_tc(src))
+    assert len(inlined.statements) == 1
+    x = random_inputs([((19,), "float32")])[0]
+    assert_matches_numpy(polyc.Operator(inlined)(x), 2 * x[1:])
+
+
+def test_inline_keeps_results_of_kept_cases():
+    src = """def f(float(N) X) -> (Y, A) {
+        A(i) = X(i)
+        T(i) = A(i) * 2.0
+        A(i) = 0.0
+        Y(i) = T(i)
+    }"""
+    x = random_inputs([((17,), "float32")])[0]
+    y, a = polyc.Operator(inline_pointwise(from_tc(src)))(x)
+    assert_matches_numpy(y, 2 * x)
+    assert_matches_numpy(a, np.zeros_like(x))
+
+
+@pytest.mark.parametrize("ext_u, ext_v, want", [
+    (7, 512, (7, 64)), (14, 512, (7, 64)), (28, 2048, (7, 64)), (56, 64, (8, 64)),
+    (1024, 1024, (8, 64)), (37, 1024, (8, 64)), (3, 512, (3, 64)),
+    (32, 32, (16, 32)), (8, 16, (8, 16)), (None, 16, (8, 16)), (100, None, (8, 64)),
+])
+def test_fit_shape(ext_u, ext_v, want):
+    assert register_tile.fit_shape(8, 64, 16, ext_u, ext_v) == want
+
+
+def test_panel_fits_l2_and_matmul_keeps_its_tiles(monkeypatch):
+    monkeypatch.setattr(optimize.machine, "l2_bytes", lambda: 1 << 20)
+    mm = from_tc("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    s = pipeline.schedule_kernel(mm.specialize(dict(M=1024, K=1024, N=1024)),
+                                 polyc.Options()).schedule
+    assert "512" in str(s)  # the 256 x 512 panel of B is half of a 1 MB L2
+    conv = from_tc("""def c(float(1,9,9,512) X, float(3,3,512,512) W) -> (Y) {
+        Y(n,h,w,m) +=! X(n,h+kh,w+kw,c) * W(kh,kw,c,m)
+    }""").specialize({})
+    s = str(pipeline.schedule_kernel(conv, polyc.Options()).schedule)
+    conv_part = s.split('filter: "{ S1')[1]
+    assert "(m - (m) mod 64)" in conv_part and "(m - (m) mod 512)" not in conv_part
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_gemm_with_constant_transposed_b_is_stored_transposed(batch, tmp_cache):
+    from polyc.frontend.onnx_import import load_graph
+    from polyc.frontend.onnx_passes import optimize_graph
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((37, 53)).astype(np.float32)
+    c = rng.standard_normal(37).astype(np.float32)
+    node = helper.make_node("Gemm", ["x", "W", "C"], ["y"], transB=1, alpha=0.5, beta=2.0)
+    g = helper.make_graph([node], "fc",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 53])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 37])],
+                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(c, "C")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    stats: dict[str, int] = {}
+    graph = optimize_graph(load_graph(model), stats)
+    gemm = graph.nodes[0]
+    assert stats["gemm_transposed"] == 1 and gemm.attrs["transB"] == 0
+    np.testing.assert_array_equal(graph.constants[gemm.inputs[1]], w.T)
+    feeds = _feeds(model)
+    got = polyc.compile_onnx(model, options=polyc.Options(cache_dir=tmp_cache)).run(None, feeds)
+    np.testing.assert_allclose(got[0], onnxruntime_outputs(model, feeds)[0], rtol=1e-4, atol=1e-4)
