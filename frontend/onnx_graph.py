@@ -23,7 +23,7 @@ scheduler and code generator as every operator.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +112,7 @@ class LowerContext:
     def __init__(self, graph: Graph):
         self.graph = graph
         self._names: dict[str, str] = {}
+        self._views: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._used: set[str] = set()
         self._counter = 0
 
@@ -155,6 +156,25 @@ class LowerContext:
 
     def named_tensors(self) -> dict[str, str]:
         return dict(self._names)
+
+    def view(self, tensor: str, shape: Sequence[int]) -> str:
+        """A TC name that reads ``tensor`` (a group input) with another ``shape`` of the
+        same row-major elements: the kernel gets a second parameter bound to the same
+        buffer (a 1x1 convolution reads ``(N, C, H, W)`` as ``(N, C, H*W)``)."""
+        info = self.info(tensor)
+        if int(np.prod(shape)) != int(np.prod(info.shape)):
+            raise ValueError(f"view {list(shape)} of {tensor!r} {list(info.shape)}")
+        name = self._fresh("w_" + re.sub(r"\W", "_", tensor, flags=re.ASCII))
+        self._views[name] = (tensor, tuple(int(d) for d in shape))
+        return name
+
+    def views(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """TC name -> (graph tensor, shape) of every :meth:`view` handed out."""
+        return dict(self._views)
+
+    def view_type(self, tc_name: str) -> str:
+        tensor, shape = self._views[tc_name]
+        return f"{_TC_DTYPE[self.dtype(tensor)]}({','.join(map(str, shape))})"
 
     # -- fresh names ---------------------------------------------------------------------
     def temp(self, hint: str = "tmp") -> str:

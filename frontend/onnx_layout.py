@@ -23,8 +23,9 @@ against ``2*M*C*KH*KW*OH*OW`` flops: noise for the layers chosen.
 
 The rule (:func:`wants_channels_last`): a 2-D Conv with group 1, constant float weights,
 an output channel count that fills whole vectors, at least that many input channels,
-and an output narrower than
-:data:`NARROW` or a horizontal stride above 1.
+and an output narrower than :data:`NARROW` or a horizontal stride above 1 -- except a
+1x1 unit-stride Conv over at least :data:`FLAT_PIXELS` pixels, which stays NCHW as a
+matmul over the flattened pixels (contiguous, long vector loops, no transposition).
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ from .onnx_graph import Graph, Node, TensorInfo
 CHANNELS_LAST = "polyc_channels_last"
 #: output widths below this run channel-last (NCHW vectors along ``ow`` waste lanes)
 NARROW = 32
+#: a 1x1 unit-stride Conv with at least this many output pixels stays NCHW: it runs as
+#: a matmul over the flattened ``H*W`` pixels, no transposition needed
+FLAT_PIXELS = 128
 #: output channels must be a multiple of this (16 float32 lanes of AVX-512)
 CHANNEL_MULTIPLE = 16
 
@@ -58,7 +62,14 @@ def wants_channels_last(node: Node, graph: Graph) -> bool:
     if len(ys) != 4 or weights.shape[0] % CHANNEL_MULTIPLE or weights.shape[1] < CHANNEL_MULTIPLE:
         return False  # (a stem conv over 3 input channels stays NCHW: measured faster)
     strides = [int(s) for s in node.attrs.get("strides", [1, 1])]
-    return ys[3] < NARROW or (len(strides) == 2 and strides[1] > 1)
+    if len(strides) == 2 and strides[1] > 1:
+        return True
+    pointwise = weights.shape[2:] == (1, 1) and strides == [1, 1] and \
+        not any(int(p) for p in node.attrs.get("pads", [0] * 4)) and \
+        node.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET", "VALID", b"VALID")
+    if pointwise and ys[2] * ys[3] >= FLAT_PIXELS:
+        return False  # a matmul over the flattened pixels (onnx_ops_nn._conv_1x1_flat)
+    return ys[3] < NARROW
 
 
 def wants_transposed_gemm(node: Node, graph: Graph) -> bool:

@@ -201,13 +201,18 @@ class _ProgramBuilder:
         for t in inputs:
             _check_not_empty(t, ctx.shape(t), where)
         kname = self.kernel_name(nodes)
-        params = ", ".join(f"{ctx.tc_type(t)} {names[t]}" for t in inputs)
+        views = [(tc, t) for tc, (t, _) in ctx.views().items() if tc in tokens]
+        if any(t in produced_set for _, t in views):
+            raise InternalError(f"the lowering of {where} views a tensor the group computes")
+        params = ", ".join([f"{ctx.tc_type(t)} {names[t]}" for t in inputs] +
+                           [f"{ctx.view_type(tc)} {tc}" for tc, _ in views])
         rets = ", ".join(f"{ctx.tc_type(t)} {names[t]}" for t in outputs)
         text = f"def {kname}({params}) -> ({rets}) {{\n{body}\n}}\n"
         kernel = self.compile_tc(text, where)
         self.verify(kernel, ctx, where, text)
         kernel = inline_pointwise(kernel)
-        self.steps.append(Step(kernel, tuple(inputs + outputs), tuple(n.name for n in nodes)))
+        args = inputs + [t for _, t in views] + outputs
+        self.steps.append(Step(kernel, tuple(args), tuple(n.name for n in nodes)))
 
     def compile_tc(self, text: str, where: str) -> Kernel:
         try:

@@ -95,7 +95,10 @@ def lower_node(graph: Graph) -> tuple[str | None, list[str], list[str], LowerCon
     used = lambda t: t and re.search(rf"\b{ctx.name(t)}\b", text)  # noqa: E731
     ins = [t for t in dict.fromkeys(node.inputs) if used(t)]
     outs = [t for t in node.outputs if used(t)]
-    sig = ", ".join(f"{ctx.tc_type(t)} {ctx.name(t)}" for t in ins)
+    views = [(tc, t) for tc, (t, _) in ctx.views().items() if re.search(rf"\b{tc}\b", text)]
+    sig = ", ".join([f"{ctx.tc_type(t)} {ctx.name(t)}" for t in ins] +
+                    [f"{ctx.view_type(tc)} {tc}" for tc, _ in views])
+    ins = ins + [t for _, t in views]  # a view reads its tensor re-shaped (ctx.views())
     ret = ", ".join(f"{ctx.tc_type(t)} {ctx.name(t)}" for t in outs)
     body = "\n    ".join(res.statements)
     return f"def g({sig}) -> ({ret}) {{\n    {body}\n}}", ins, outs, ctx, res
@@ -109,8 +112,11 @@ def run_lowered(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
         assert res.output in graph.tensors and res.input in graph.tensors, res
         return {res.output: feeds[res.input].reshape(graph.tensors[res.output].shape)}, None
     values = {**graph.constants, **feeds}
-    op = Operator(from_tc(src, allow_indirect=True))
-    got = op(*[np.require(values[t], requirements='C') for t in ins])
+    kernel = from_tc(src, allow_indirect=True)
+    op = Operator(kernel)
+    shapes = [tuple(int(d.value) for d in kernel.array(a).shape) for a in kernel.inputs]
+    got = op(*[np.require(values[t], requirements='C').reshape(sh)
+               for t, sh in zip(ins, shapes)])
     got = got if isinstance(got, tuple) else (got,)
     return dict(zip(outs, got)), src
 

@@ -86,6 +86,25 @@ def test_channel_last_conv_matches_onnxruntime(shape, residual, tmp_cache):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape", [(16, 32, 12, 11, 1, 1, 0), (40, 24, 9, 17, 1, 1, 0),
+                                   (3, 16, 16, 16, 1, 1, 0)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("residual", [True, False])
+def test_pointwise_conv_runs_as_a_flat_matmul(shape, residual, tmp_cache):
+    """1x1 unit-stride convs over >= 128 pixels read the input as (N, C, H*W) (a view:
+    the buffer bound to a kernel parameter of another shape) and write in one pass."""
+    model = _conv_model(*shape, residual=residual, bias=residual)
+    (step,) = lower_onnx(model).steps
+    assert any(a.name.startswith("v_yf") for a in step.kernel.arrays)
+    bound = dict(zip(step.args, step.kernel.inputs + step.kernel.outputs))
+    assert len(step.kernel.array(bound["x"]).shape) == 3  # x read as (N, C, H*W)
+    feeds = _feeds(model)
+    want = onnxruntime_outputs(model, feeds)[0]
+    for threads in (1, 2):
+        m = polyc.compile_onnx(model, options=polyc.Options(threads=threads,
+                                                            cache_dir=tmp_cache))
+        np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+
+
 def test_wide_or_few_channel_convs_stay_nchw():
     for shape in [(16, 32, 40, 40, 3, 1, 1), (3, 32, 20, 20, 3, 2, 1), (16, 20, 8, 8, 3, 1, 1)]:
         program = lower_onnx(_conv_model(*shape, residual=False))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import islpy as isl
 
+from .. import expr as E
 from ..ir import Kernel
 from ..options import Options
 from . import cache_blocks, machine, register_tile, tiling
@@ -70,7 +71,7 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
     did_tile = False
     reg = None
     if node.band_get_permutable() and node.band_n_member() > 1:
-        node = tiling.permute_band(node, _member_order(node, inner))
+        node = tiling.permute_band(node, _member_order(node, inner, kernel))
         vec = None if vec is None else node.band_n_member() - 1
         reg = register_tile.plan(node, kernel, options, vec)
         sizes = _tile_sizes(node, options, vec)
@@ -212,12 +213,40 @@ def _innermost_member(node: isl.ScheduleNode, kernel: Kernel) -> tuple[int | Non
     return best[True][0], best[True][0] is not None
 
 
-def _member_order(node: isl.ScheduleNode, inner: int | None) -> list[int]:
-    """Coincident members first (outer parallelism), then the others, ``inner`` last."""
+def _member_order(node: isl.ScheduleNode, inner: int | None, kernel: Kernel) -> list[int]:
+    """Coincident members first (outer parallelism), then the others, ``inner`` last --
+    and, in a band without reductions whose vector loop gathers from a read (a transpose
+    ``Y(m,h,w) = T(h,w,m)``), the member walking that read's contiguous index just
+    outside ``inner``: consecutive vectors then gather from the same cache lines (with
+    ``m`` outermost each ``m`` touched every line of ``T``: 0.9 ms for 400k elements)."""
     flags = tiling.coincident_flags(node)
     members = [i for i in range(node.band_n_member()) if i != inner]
     order = [i for i in members if flags[i]] + [i for i in members if not flags[i]]
+    partner = _gather_partner(node, inner, kernel) if all(flags) else None
+    if partner is not None:
+        order = [i for i in order if i != partner] + [partner]
     return order + ([inner] if inner is not None else [])
+
+
+def _gather_partner(node: isl.ScheduleNode, inner: int | None, kernel: Kernel) -> int | None:
+    """The member iterating the last index of a read that the ``inner`` loop walks
+    through another index (so each vector lane is a different cache line)."""
+    if inner is None:
+        return None
+    its = [member_iterators(node, i) for i in range(node.band_n_member())]
+    for stmt, it in its[inner].items():
+        if it is None:
+            return None
+        for r in kernel.statement(stmt).reads:
+            if not r.indices or not isinstance(r.indices[-1], E.Index):
+                continue
+            if not any(it in E.free_names(x)[0] for x in r.indices[:-1]):
+                continue
+            last = r.indices[-1].name
+            for j, m in enumerate(its):
+                if j != inner and m.get(stmt) == last:
+                    return j
+    return None
 
 
 def _tile_sizes(node: isl.ScheduleNode, options: Options, vec: int | None) -> list[int] | None:
