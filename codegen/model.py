@@ -25,7 +25,6 @@ temporaries are zeroed).
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -37,7 +36,7 @@ from polyc.ir import Access, Array, Kernel, Statement
 from polyc.options import Options
 from polyc.program import Program
 
-from . import model_c
+from . import model_c, toolchain
 from .c_expr import CTYPES, Namer, sanitize
 from .c_family import CDialect, CFunction, generate_function
 from .initial_values import reads_initial_values
@@ -98,27 +97,11 @@ def generate_model(program: Program, schedule: Scheduler, options: Options | Non
     parts = model_c.Parts(prefix, program, inputs, outputs, storage, layout, plan, copies,
                           calls, zero, functions)
     text = model_c.translation_unit(parts)
-    units = model_c.translation_units(parts, build_jobs() if jobs is None else jobs, text)
+    jobs = toolchain.build_jobs() if jobs is None else jobs
+    units = model_c.translation_units(parts, jobs, text)
     return ModelSource(prefix, text, model_c.header(parts),
                        inputs, outputs, layout, plan, storage, tuple(calls), len(functions),
                        units)
-
-
-def _cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-#: read at import: once a polyc library has run a parallel region under
-#: ``OMP_PROC_BIND``, libgomp has pinned the calling thread to one CPU
-_CPUS = _cpus()
-
-
-def build_jobs() -> int:
-    """How many C compilers to run at once: the CPUs this process may use."""
-    return _CPUS
 
 
 # -- storage -----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -99,11 +100,10 @@ def build_shared(source: CSource | str, options: Options, stem: str | None = Non
     os.close(fd)
     command = compile_command(options, source_path, tmp)
     try:
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
-        except OSError as err:
-            raise ToolchainError(command, 127, f"cannot run the C compiler: {err}",
-                                 source_path) from err
+        done = _run_compiler(command)
+        if isinstance(done, OSError):
+            raise ToolchainError(command, 127, f"cannot run the C compiler: {done}",
+                                 source_path) from done
         if done.returncode != 0:
             raise ToolchainError(command, done.returncode, done.stderr, source_path)
         os.replace(tmp, library)
@@ -187,11 +187,40 @@ def build_units(units: list[str], options: Options, base: str,
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run_compiler(command: list[str]) -> subprocess.CompletedProcess[str] | OSError:
+def _process_cpus() -> set[int] | None:
     try:
-        return subprocess.run(command, capture_output=True, text=True, check=False)
-    except OSError as err:
-        return err
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return None
+
+
+#: the CPUs this process may use, read at import -- before libgomp, running a polyc
+#: library under ``OMP_PROC_BIND``, pins the calling thread to one CPU
+_CPUS = _process_cpus()
+
+
+def build_jobs() -> int:
+    """How many C compilers to run at once: the CPUs this process may use."""
+    return max(1, len(_CPUS)) if _CPUS is not None else max(1, os.cpu_count() or 1)
+
+
+def _run_compiler(command: list[str]) -> subprocess.CompletedProcess[str] | OSError:
+    """Run ``command`` from a helper thread whose CPU set is the process's original one:
+    a compiler inherits the CPU set of the thread that starts it, and a thread pinned by
+    OpenMP would run every compiler of a parallel build on one CPU."""
+    out: list[subprocess.CompletedProcess[str] | OSError] = []
+
+    def work() -> None:
+        try:
+            if _CPUS is not None and _process_cpus() != _CPUS:
+                os.sched_setaffinity(0, _CPUS)  # this helper thread only
+            out.append(subprocess.run(command, capture_output=True, text=True, check=False))
+        except OSError as err:
+            out.append(err)
+    helper = threading.Thread(target=work, name="polyc-cc")
+    helper.start()
+    helper.join()
+    return out[0]
 
 
 def _keep(path: str, kept: str) -> str:

@@ -230,9 +230,10 @@ def _conv_channels_last(node: Node, ctx: LowerContext) -> Lowered:
     o, r = names("o", 2), names("k", 2)
     if KH == KW == 1 and not any(win.begin + win.end):
         # a 1x1 (maybe strided) conv reads one input pixel per output pixel: copy those
+        pixel = [affine([(win.strides[d], o[d])]) for d in range(2)]
+        ranges = [("n", 0, xs[0])] + [(o[d], 0, ys[d + 2]) for d in range(2)] + [("ci", 0, C)]
         copy_in = f"{lhs(xt, ['n'] + o + ['ci'])} = " \
-            f"{read(ctx.name(x), ['n', 'ci'] + [affine([(win.strides[d], o[d])]) for d in range(2)])}" \
-            f"{where([('n', 0, xs[0])] + [(o[d], 0, ys[d + 2]) for d in range(2)] + [('ci', 0, C)])}"
+            f"{read(ctx.name(x), ['n', 'ci'] + pixel)}{where(ranges)}"
         xread = read(xt, ["n"] + o + ["c"])
     else:
         copy_in = _padded_copy(ctx, x, xt, win, ["n"], ["ci"])

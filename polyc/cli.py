@@ -6,6 +6,8 @@
     polyc compile FILE --name NAME --fusion min --tile 32,64,512 --sizes M=128,N=64
     polyc compile model.onnx -o build/ --shape input=1,3,224,224
                                # build/model.so, .h, .c and .weights (the model's weights)
+    polyc compile model.onnx --tune [SECONDS]    # auto-tune each kernel (cached per machine)
+    polyc tune model.onnx [--budget SECONDS]     # tune only, a line per kernel
 """
 from __future__ import annotations
 
@@ -46,7 +48,30 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--sizes", default="",
                    help="specialise to sizes, e.g. M=128,N=64 (default: sizes are parameters)")
     c.add_argument("--schedule", help="a schedule (isl union map) to use instead of isl's")
+    c.add_argument("--tune", nargs="?", const=True, default=False, type=_seconds,
+                   metavar="SECONDS", help="auto-tune tile sizes, register tiles and fusion "
+                   "of each kernel with fixed sizes (SECONDS of search per kernel; results "
+                   "cached per machine in the cache directory)")
+    t = sub.add_parser("tune", help="auto-tune the kernels of a model (or of a .tc def with "
+                       "--sizes) into the tuning cache; prints a line per kernel")
+    t.add_argument("file", help="an ONNX model (.onnx) or a TC-language source file")
+    t.add_argument("--name", help="the def to tune when a .tc file has several")
+    t.add_argument("--shape", action="append", default=[], metavar="INPUT=D0,D1,...")
+    t.add_argument("--sizes", default="", help="(.tc) the sizes, e.g. M=128,N=64")
+    t.add_argument("--budget", type=_seconds, default=None,
+                   help="seconds of search per kernel (default: polyc.tune.DEFAULT_BUDGET)")
+    t.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: runtime's)")
     return p
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def _tile(text: str) -> bool | tuple[int, ...]:
@@ -75,7 +100,7 @@ def _sizes(text: str) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _compile(args)
+        return _tune(args) if args.command == "tune" else _compile(args)
     except ToolchainError as e:
         print(f"polyc: toolchain error: {e}", file=sys.stderr)
         return 3
@@ -109,7 +134,7 @@ def _shapes(items: list[str]) -> dict[str, list[int]]:
 def _options(args: argparse.Namespace, specialize: bool) -> Options:
     return Options(fusion=args.fusion, tile=_tile(args.tile), threads=args.threads,
                    parallel=not args.no_parallel, vectorize=not args.no_simd,
-                   specialize=specialize, schedule=args.schedule)
+                   specialize=specialize, schedule=args.schedule, tune=args.tune)
 
 
 def _compile_onnx(args: argparse.Namespace) -> int:
@@ -158,7 +183,7 @@ def _compile(args: argparse.Namespace) -> int:
     if sizes:
         kernel = kernel.specialize(sizes)
     emit = args.emit
-    compiled = pipeline.compile_kernel(kernel, options, build=emit == "lib")
+    compiled = pipeline.compile_kernel(kernel, options, build=emit == "lib", progress=True)
     if emit == "c":
         print(compiled.c_source)
     elif emit == "header":
@@ -178,6 +203,37 @@ def _compile(args: argparse.Namespace) -> int:
         with open(base + ".c", "w") as f:
             f.write(compiled.c_source)
         print(f"wrote {base}.so {base}.h {base}.c")
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from . import tune
+    from .codegen.model import kernel_key
+    from .frontend import from_tc
+
+    options = Options(threads=args.threads, tune=args.budget or True)
+    if args.file.endswith(".onnx"):
+        from . import model
+        program = model.lower_onnx(args.file, _shapes(args.shape) or None)
+        kernels = list({kernel_key(s.kernel): s.kernel for s in program.steps}.values())
+    else:
+        with open(args.file) as f:
+            kernel = from_tc(f.read(), args.name)
+        kernels = [kernel.specialize(_sizes(args.sizes))]
+    skipped = 0
+    for kernel in kernels:
+        r = tune.tune_kernel(kernel, options, progress=True)
+        if r.status.startswith("skipped") and len(kernels) > 1:
+            skipped += 1
+            continue
+        chosen = tune.Candidate.of(r.options).describe()
+        timing = (f" {r.default_s * 1e3:.3f} -> {r.best_s * 1e3:.3f} ms"
+                  if r.best_s is not None and r.default_s is not None else "")
+        print(f"{kernel.name}: {r.status}{timing} {chosen}", flush=True)
+    if skipped:
+        print(f"{skipped} of {len(kernels)} distinct kernels not searched (little work, "
+              "no reduction, or not float)")
+    print(f"tuning cache: {tune.cache_path(options)}")
     return 0
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import pipeline
+from . import pipeline, tune
 from .codegen.model import ModelSource, generate_model, kernel_key
 from .codegen.model_runtime import ModelLibrary, check_array, write_model_files
 from .codegen.weights import weights_bytes
@@ -156,20 +156,32 @@ def model_source(program: Program, options: Options | None = None, *, name: str 
                  progress: bool | Progress | None = False) -> ModelSource:
     """The C, header and layouts of ``program`` (nothing built or written)."""
     options = options or Options()
-    return generate_model(program, schedule_function(options), options, name=name,
-                          progress=progress_printer(progress))
+    return generate_model(program, schedule_function(options, progress=bool(progress)),
+                          options, name=name, progress=progress_printer(progress))
 
 
-def schedule_function(options: Options) -> Callable[[Kernel], Any]:
+def schedule_function(options: Options, progress: bool = False) -> Callable[[Kernel], Any]:
     """The scheduling stages of the pipeline, as ``generate_model`` wants them, memoised
     for the process: kernels equal up to names (:func:`kernel_key`) share a schedule (it
-    is over statement instances, which do not mention arrays)."""
+    is over statement instances, which do not mention arrays).
+
+    With ``options.tune`` each kernel is scheduled with its tuned options
+    (:mod:`polyc.tune`; ``progress``: a bar per searched kernel on stderr); after a
+    Ctrl-C stops one search, later kernels take only what the tuning cache holds."""
+    interrupted = False
+
     def schedule(kernel: Kernel) -> Any:
-        key = (kernel_key(kernel), options)
+        nonlocal interrupted
+        opts = options
+        if options.tune:
+            tuned = tune.tune_kernel(kernel, options, progress=progress, search=not interrupted)
+            interrupted = interrupted or tuned.status == "interrupted"
+            opts = tuned.options
+        key = (kernel_key(kernel), opts)
         with _SCHEDULES_LOCK:
             found = _SCHEDULES.get(key)
         if found is None:
-            found = pipeline.schedule_kernel(kernel, options).schedule
+            found = pipeline.schedule_kernel(kernel, opts).schedule
             with _SCHEDULES_LOCK:
                 if len(_SCHEDULES) >= _SCHEDULES_MAX:
                     _SCHEDULES.pop(next(iter(_SCHEDULES)))

@@ -39,6 +39,9 @@ class Options:
     :schedule: a schedule written by the user (isl union map text such as
         ``{ S0[m,n] -> [0,m,n,0]; S1[m,n,k] -> [1,m,k,n] }``); it is checked against
         the dependences and refused with an explanation when illegal.
+    :tune: auto-tune each kernel with fixed sizes (:mod:`polyc.tune`): ``True`` for the
+        default search budget per kernel, a number for that many seconds per kernel,
+        ``False`` for none. Only ``fusion``, ``tile`` and ``register_tile`` change.
     """
 
     fusion: str = "smart"
@@ -57,6 +60,8 @@ class Options:
         "POLYC_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "polyc")))
     dump_dir: str | None = dataclasses.field(
         default_factory=lambda: os.environ.get("POLYC_DUMP") or None)
+    #: auto-tuning: False, True (the default budget) or seconds per kernel
+    tune: bool | float = False
 
     def __post_init__(self) -> None:
         from .errors import CompileError
@@ -74,6 +79,10 @@ class Options:
                                f"got {self.register_tile}")
         if self.threads is not None and self.threads < 1:
             raise CompileError(f"threads must be >= 1, got {self.threads}")
+        if not isinstance(self.tune, bool) and not (
+                isinstance(self.tune, (int, float)) and self.tune > 0):
+            raise CompileError(f"tune must be True, False or a positive number of seconds, "
+                               f"got {self.tune!r}")
 
     def replace(self, **changes: object) -> Options:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -125,8 +125,13 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     return Scheduled(kernel, deps, sched)
 
 
-def compile_kernel(kernel: Kernel, options: Options, *, build: bool = True) -> Compiled:
-    """Every stage; ``build=False`` stops after printing C."""
+def compile_kernel(kernel: Kernel, options: Options, *, build: bool = True,
+                   progress: bool = False) -> Compiled:
+    """Every stage; ``build=False`` stops after printing C. With ``options.tune``, a
+    kernel with fixed sizes is first tuned (:mod:`polyc.tune`; ``progress``: its bar)."""
+    if options.tune:
+        from .tune import tuned_options
+        options = tuned_options(kernel, options, progress=progress)
     stage = _Stages(options, kernel.name)
     scheduled = schedule_kernel(kernel, options, stage)
     source = stage("c", generate_c(scheduled.kernel, scheduled.schedule, options),

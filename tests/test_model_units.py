@@ -25,7 +25,7 @@ WARNINGS_AS_ERRORS = ("-Wall", "-Wextra", "-Werror")
 
 
 def _build(prog, jobs, monkeypatch, cache):
-    monkeypatch.setattr(CM, "build_jobs", lambda: jobs)
+    monkeypatch.setattr(CM.toolchain, "build_jobs", lambda: jobs)
     return polyc.build_model(prog, polyc.Options(cflags=WARNINGS_AS_ERRORS, cache_dir=cache))
 
 

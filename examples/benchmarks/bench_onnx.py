@@ -2,6 +2,7 @@
 
     python3 examples/benchmarks/bench_onnx.py [--models mlp,small_cnn,transformer_layer,resnet50]
                                               [--repeat 15] [--threads 1,2] [--rounds 5]
+                                              [--tune [SECONDS]]
 
 For each thread count the script runs itself in a child process (OMP_NUM_THREADS,
 OMP_PROC_BIND=close; onnxruntime gets intra_op_num_threads). In the child each model is
@@ -11,10 +12,16 @@ median), with a 0.3 s pause between blocks, the pair of blocks repeated ``--roun
 times, and the medians of the medians compared (alternating single calls would let the
 two spin-waiting thread pools starve each other on a 2-core machine). The outputs are
 checked against each other beside each figure.
+
+``--tune [SECONDS]`` (auto-tuning, SECONDS of search per kernel) reports instead, per
+model: the compile time cold without tuning, with tuning and an empty tuning cache, and
+with the warm tuning cache (an empty build cache), then the latency of the untuned and
+the tuned library against onnxruntime (each timed in its own block, as above).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -94,6 +101,74 @@ def child(threads: int, repeat: int, models: list[str], rounds: int = 5) -> None
               f"compile {compile_s:6.1f} s  correct={ok}", flush=True)
 
 
+def _median_blocks(fs, repeat: int, rounds: int = 5, pause: float = 0.3) -> list[float]:
+    """:func:`_median_pair` for any number of functions."""
+    ms: list[list[float]] = [[] for _ in fs]
+    for _ in range(rounds):
+        for f, m in zip(fs, ms):
+            m.append(_median_block(f, repeat))
+            time.sleep(pause)
+    return [sorted(m)[len(m) // 2] for m in ms]
+
+
+def tune_child(threads: int, repeat: int, models: list[str], rounds: int,
+               budget: float | bool) -> None:
+    for name in models:
+        _tune_model(name, threads, repeat, rounds, budget)
+
+
+def _tune_model(name: str, threads: int, repeat: int, rounds: int, budget: float | bool) -> None:
+    import shutil
+
+    import numpy as np
+    import onnx_models as M
+    import onnxruntime as ort
+
+    import polyc
+    from polyc import model as polyc_model
+    from polyc import tune
+
+    root = os.environ["POLYC_CACHE_DIR"]
+    model = _model(name)
+    feeds = M.input_feeds(model, seed=1)
+
+    def compile_in(cache: str, tuned: float | bool, tuning_from: str | None = None):
+        cache = os.path.join(root, f"{name}-{cache}")
+        source = os.path.join(root, f"{name}-{tuning_from}", "tuning")
+        if tuning_from is not None and os.path.isdir(source):
+            shutil.copytree(source, os.path.join(cache, "tuning"))
+        polyc_model._SCHEDULES.clear()  # no schedule from an earlier compile
+        t0 = time.perf_counter()
+        compiled = polyc.compile_onnx(model, options=polyc.Options(
+            threads=threads, cache_dir=cache, tune=tuned),
+            progress=(lambda _msg: None) if tuned and tuning_from is None else False)
+        return compiled, time.perf_counter() - t0
+
+    untuned, cold_s = compile_in("cold", False)
+    tuned, tune_s = compile_in("tune", budget)
+    _, warm_s = compile_in("warm", budget, tuning_from="tune")
+    path = tune.cache_path(polyc.Options(cache_dir=os.path.join(root, f"{name}-tune")))
+    searched = len(json.load(open(path))["entries"]) if os.path.exists(path) else 0
+    print(f"{name:18s} threads={threads}  compile: cold {cold_s:6.1f} s   tuning (empty "
+          f"tuning cache) {tune_s:6.1f} s   warm tuning cache {warm_s:6.1f} s   "
+          f"({searched} kernels searched)", flush=True)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+    want = sess.run(None, feeds)
+    scale = max(float(np.abs(want[0]).max()), 1.0)
+    ok = all(np.allclose(g, w, rtol=2e-3, atol=1e-4 * scale)
+             for g, w in zip(tuned.run(None, feeds), want))
+    tu, tt, to = _median_blocks([lambda: untuned.run(None, feeds),
+                                 lambda: tuned.run(None, feeds),
+                                 lambda: sess.run(None, feeds)], repeat, rounds)
+    print(f"{name:18s} threads={threads}  polyc untuned {tu * 1e3:8.3f} ms  tuned "
+          f"{tt * 1e3:8.3f} ms  onnxruntime {to * 1e3:8.3f} ms  tuned/untuned "
+          f"{tt / tu:5.2f}  tuned/ort {tt / to:5.2f}  correct={ok}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS))
@@ -101,18 +176,26 @@ def main() -> None:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--rounds", type=int, default=5,
                    help="pairs of timed blocks (polyc, onnxruntime); median of medians")
+    p.add_argument("--tune", nargs="?", const=True, type=float, default=None,
+                   metavar="SECONDS", help="compile times with and without auto-tuning, "
+                   "and the tuned latency (SECONDS of search per kernel)")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
     models = a.models.split(",")
     if a.child:
-        child(a.child, a.repeat, models, a.rounds)
+        if a.tune is not None:
+            tune_child(a.child, a.repeat, models, a.rounds, a.tune)
+        else:
+            child(a.child, a.repeat, models, a.rounds)
         return
     for t in (int(x) for x in a.threads.split(",")):
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, OMP_NUM_THREADS=str(t), OMP_PROC_BIND="close",
                        POLYC_CACHE_DIR=cache)
             subprocess.run([sys.executable, __file__, "--child", str(t), "--repeat",
-                            str(a.repeat), "--rounds", str(a.rounds), "--models", a.models],
+                            str(a.repeat), "--rounds", str(a.rounds), "--models", a.models]
+                           + ([] if a.tune is None else ["--tune"])
+                           + ([str(a.tune)] if a.tune not in (None, True) else []),
                            env=env, check=True)
 
 
