@@ -199,13 +199,8 @@ def _restore_affinity() -> None:
 
 def thread_count(options: Options) -> int:
     """The threads the compiled code will run on (``Options.threads``, else OpenMP's)."""
-    if options.threads:
-        return options.threads
-    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    from .codegen.toolchain import build_jobs  # the CPUs this process may use
-    return build_jobs()
+    from .schedule.machine import threads
+    return threads(options.threads)
 
 
 def entry_key(kernel: Kernel, options: Options) -> str:

@@ -21,7 +21,6 @@ explicit ``Options.tile`` sizes are never changed (the caller only applies it by
 """
 from __future__ import annotations
 
-import os
 
 import islpy as isl
 
@@ -38,14 +37,14 @@ _WIDE = ("float64", "int64")
 def fit_rows(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
              reg: register_tile.Plan, options: Options) -> list[int]:
     """``sizes`` with the register tile's row member (``reg.u``) resized (module doc)."""
-    ext = _extent(node, kernel, reg.u)
+    ext = member_extent(node, kernel, reg.u)
     if ext is None or ext <= 0:
         return sizes
     itemsize = 8 if kernel.array(reg.array).dtype in _WIDE else 4
-    depth = _reduction_depth(sizes, node, kernel)
+    depth = reduction_depth(sizes, node, kernel)
     budget = machine.l2_bytes() // ROW_BLOCK_L2_FRACTION // max(1, depth * itemsize)
     budget = max(reg.mr, budget // reg.mr * reg.mr)
-    threads = _threads(options) if reg.u == 0 and options.parallel else 1
+    threads = machine.threads(options.threads) if reg.u == 0 and options.parallel else 1
     sizes = list(sizes)
     sizes[reg.u] = balanced_rows(ext, budget, threads, reg.mr)
     return sizes
@@ -60,31 +59,20 @@ def balanced_rows(extent: int, budget: int, threads: int, mr: int) -> int:
     return max(mr, -(-rows // mr) * mr)
 
 
-def _reduction_depth(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel) -> int:
+def reduction_depth(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel) -> int:
     """Reduction instances in one cache tile (the panel's depth, ``kc`` of a matmul)."""
     flags = tiling.coincident_flags(node)
     depth = 1
     for i, t in enumerate(sizes):
         if not flags[i]:
-            ext = _extent(node, kernel, i)
+            ext = member_extent(node, kernel, i)
             depth *= t if ext is None else min(t, ext)
     return depth
 
 
-def _extent(node: isl.ScheduleNode, kernel: Kernel, member: int) -> int | None:
+def member_extent(node: isl.ScheduleNode, kernel: Kernel, member: int) -> int | None:
     """Values the band member takes when it is one fixed-size iterator; else None."""
     its = list(member_iterators(node, member).items())
     if len(its) != 1 or its[0][1] is None:
         return None
     return register_tile.extent(kernel.statement(its[0][0]), kernel, its[0][1])
-
-
-def _threads(options: Options) -> int:
-    """The threads an ``omp parallel for`` will use: ``Options.threads``, else the CPUs
-    this process may run on (libgomp's default)."""
-    if options.threads:
-        return options.threads
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)

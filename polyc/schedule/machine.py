@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 #: assumed when /sys does not say (a common L2 size per core)
 DEFAULT_L2_BYTES = 1 << 20
@@ -29,3 +30,27 @@ def l2_bytes() -> int:
         if level == "2" and size:
             return size
     return DEFAULT_L2_BYTES
+
+
+def _process_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+#: the CPUs this process may run on, read at import: once a polyc library has run a
+#: parallel region under ``OMP_PROC_BIND``, libgomp has pinned the calling thread to
+#: one CPU and asking again would say 1
+_CPUS = _process_cpus()
+
+
+def threads(requested: int | None = None) -> int:
+    """The threads an ``omp parallel for`` will use: ``requested`` (``Options.threads``),
+    else ``OMP_NUM_THREADS``, else the CPUs this process may run on (libgomp's default)."""
+    if requested:
+        return requested
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return _CPUS

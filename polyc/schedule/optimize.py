@@ -17,7 +17,10 @@ One top-down walk over the schedule tree. At each band:
    registers (:mod:`.register_tile`: unroll-and-jam, accumulators in a local array).
 
 A specialised kernel whose band does little work (fewer than :data:`TINY_WORK`
-statement instances) gets no ``parallel`` mark: OpenMP's start-up would cost more.
+statement instances) gets no ``parallel`` mark: OpenMP's start-up would cost more. (A
+parallel region costs a few microseconds here; a million vectorized instances take
+~10 us. At 32k the transformer layer of the benchmarks ran 1.8x slower on 2 threads
+than on 1 once its bands had multi-trip parallel loops.)
 
 Marks only carry decisions to code generation; :func:`polyc.check.check_schedule`
 verifies every one of them against the dependences.
@@ -43,7 +46,7 @@ DEFAULT_TILE_VECTOR = 512
 #: once per reduction tile (256: measured best for float32 matmul on AVX-512)
 DEFAULT_TILE_REDUCTION_REGISTER = 256
 #: statement instances under a band below which a specialised kernel stays sequential
-TINY_WORK = 32768
+TINY_WORK = 1 << 20
 
 
 def optimize(schedule: isl.Schedule, kernel: Kernel, options: Options) -> isl.Schedule:
@@ -82,7 +85,8 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
             sizes = _fit_panel(sizes, node, kernel, reg)
             sizes = cache_blocks.fit_rows(sizes, node, kernel, reg, options)
         if tile and sizes is not None:
-            extents = [_member_extent(node, kernel, i) for i in range(node.band_n_member())]
+            extents = [cache_blocks.member_extent(node, kernel, i)
+                       for i in range(node.band_n_member())]
             node = tiling.tile_band(node, sizes)
             did_tile = True
             if not parallel_done:
@@ -115,12 +119,7 @@ def _fit_panel(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
     then reuse it from L2 instead of streaming it from memory once per row tile (a 3x3
     conv over 512 channels has a 4.7 MB panel at the default 512 columns: 7x slower).
     Matmul's ``256 x 512`` float panel is exactly half of a 1 MB L2 and stays as it is."""
-    flags = tiling.coincident_flags(node)
-    depth = 1
-    for i, t in enumerate(sizes):
-        if not flags[i]:
-            ext = _member_extent(node, kernel, i)
-            depth *= t if ext is None else min(t, ext)
+    depth = cache_blocks.reduction_depth(sizes, node, kernel)
     itemsize = 8 if kernel.array(reg.array).dtype in ("float64", "int64") else 4
     cols = machine.l2_bytes() // 2 // max(1, depth * itemsize)
     sizes = list(sizes)
@@ -143,13 +142,6 @@ def _parallel_first(tiles: isl.ScheduleNode, sizes: list[int],
     if best is None:
         return tiles
     return tiling.permute_band(tiles, [best] + [i for i in range(len(flags)) if i != best])
-
-
-def _member_extent(node: isl.ScheduleNode, kernel: Kernel, member: int) -> int | None:
-    its = list(member_iterators(node, member).items())
-    if len(its) != 1 or its[0][1] is None:
-        return None
-    return register_tile.extent(kernel.statement(its[0][0]), kernel, its[0][1])
 
 
 def _is_tiny(node: isl.ScheduleNode, kernel: Kernel) -> bool:
