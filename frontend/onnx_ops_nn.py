@@ -8,7 +8,11 @@ unguarded over a rectangular domain. Its column loop then has constant bounds, s
 register tiling (polyc/schedule/register_tile.py) keeps the accumulators in registers;
 a guarded read in the hot loop (TC's padded convolution) or a domain restricted by the
 unguarded read (column bounds depending on ``kw``) are both several times slower on
-ResNet-50's padded 3x3 layers. Pools: the padded elements are the identity of the
+ResNet-50's padded 3x3 layers. A strided Conv (NCHW) copies its padded input split into
+``stride x stride`` phase planes instead, so its output row reads unit-stride
+(:func:`_phase_copy`); a 1x1 unit-stride Conv is a matmul over the flattened pixels
+(:func:`_conv_1x1_flat`); a Conv that :mod:`.onnx_layout` marks runs channel-last
+(:func:`_conv_channels_last`). Pools: the padded elements are the identity of the
 reduction (-inf for a max), so the read is left unguarded and the TC frontend restricts
 the iteration domain to the points that read inside the input (an unconditional read
 adds its bounds to the domain; the ``!`` initialisation still covers every output
@@ -137,7 +141,13 @@ def conv(node: Node, ctx: LowerContext) -> Lowered:
     cin = "c" if group == 1 else affine([(Cg, f"(m / {M // group})"), (1, "c")])
     stmts = []
     src = ctx.name(x)
-    if any(win.guards(d, o[d], r[d]) for d in range(k)):
+    if group == 1 and win.strides[-1] > 1 and win.kernel[-1] > 1:
+        # strided: a padded copy split by phase, so the vector loop reads contiguously
+        src = ctx.temp("xphase")
+        stmts.append(_phase_copy(ctx, x, src, win))
+        xread = read(src, ["n", "c"] + [_phase(win, d, r[d])[0] for d in range(k)]
+                     + [affine([(1, o[d])]) + " + " + _phase(win, d, r[d])[1] for d in range(k)])
+    elif any(win.guards(d, o[d], r[d]) for d in range(k)):
         # padding: copy the input into a zero-padded temporary, then a rectangular,
         # unguarded convolution over it (see the module doc)
         src = ctx.temp("xpad")
@@ -189,6 +199,34 @@ def _conv_1x1_flat(node: Node, ctx: LowerContext) -> Lowered:
     copy_out = f"{lhs(ctx.name(y), out_idx)} = {value}" \
         f"{where([(i, 0, d) for i, d in zip(out_idx, ys)])}"
     return Lowered([conv, copy_out])
+
+
+def _phase(win: Window, d: int, r: str) -> tuple[str, str]:
+    """(phase, offset) of kernel offset ``r`` along dimension ``d``: input index
+    ``s*o + k*dil = s*(o + k*dil / s) + k*dil % s``."""
+    s, kd = win.strides[d], affine([(win.dilations[d], r)])
+    return f"(({kd}) % {s})", f"(({kd}) / {s})"
+
+
+def _phase_copy(ctx: LowerContext, x: str, dst: str, win: Window) -> str:
+    """``dst(n, ci, ph.., q..) = X(n, ci, s*q + ph - pad, ..)`` (0 outside the input): the
+    padded input split into ``s x s`` phase planes, so that a stride-``s`` convolution
+    reads ``dst(n, c, k % s, .., o + k / s, ..)`` -- unit stride along the output row
+    (the stem of ResNet-50, 7x7 stride 2 over 3 channels, otherwise gathers its input)."""
+    xs = ctx.shape(x)
+    k = len(xs) - 2
+    ph, q = names("ph", k), names("q", k)
+    guards, idx, ranges = [], [], [("n", 0, xs[0]), ("ci", 0, xs[1])]
+    for d in range(k):
+        s = win.strides[d]
+        ext = win.max_index(d) + win.begin[d] + 1  # padded extent
+        e = affine([(s, q[d]), (1, ph[d])], -win.begin[d])
+        idx.append(e)
+        guards += [f"{e} >= 0", f"{e} < {xs[d + 2]}"]
+        ranges += [(ph[d], 0, s), (q[d], 0, -(-ext // s))]
+    xval = read(ctx.name(x), ["n", "ci"] + idx)
+    zero = literal(0.0, ctx.dtype(x))
+    return f"{lhs(dst, ['n', 'ci'] + ph + q)} = {_guarded(guards, xval, zero)}{where(ranges)}"
 
 
 def _padded_copy(ctx: LowerContext, x: str, dst: str, win: Window, before: list[str],

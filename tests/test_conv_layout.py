@@ -253,3 +253,28 @@ def test_gemm_with_constant_transposed_b_is_stored_transposed(batch, tmp_cache):
     feeds = _feeds(model)
     got = polyc.compile_onnx(model, options=polyc.Options(cache_dir=tmp_cache)).run(None, feeds)
     np.testing.assert_allclose(got[0], onnxruntime_outputs(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attrs", [dict(strides=[2, 2], pads=[3, 3, 3, 3]),
+                                   dict(strides=[3, 2], pads=[1, 2, 0, 1], dilations=[2, 2]),
+                                   dict(strides=[1, 2], pads=[0, 1, 2, 0])])
+def test_strided_conv_reads_phase_planes(attrs, tmp_cache):
+    """A strided conv that stays NCHW (few input channels: the stem) splits its padded
+    input into stride x stride phase planes: unit-stride reads along the output row."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((24, 3, 7, 5)) * 0.2).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "W"], ["y"], **attrs)
+    g = helper.make_graph([node], "stem",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 37, 41])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (step,) = lower_onnx(model).steps
+    assert any(a.name.startswith("v_xphase") for a in step.kernel.arrays)
+    feeds = _feeds(model)
+    want = onnxruntime_outputs(model, feeds)[0]
+    for threads in (1, 2):
+        m = polyc.compile_onnx(model, options=polyc.Options(threads=threads,
+                                                            cache_dir=tmp_cache))
+        np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
