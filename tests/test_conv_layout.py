@@ -278,3 +278,21 @@ def test_strided_conv_reads_phase_planes(attrs, tmp_cache):
         m = polyc.compile_onnx(model, options=polyc.Options(threads=threads,
                                                             cache_dir=tmp_cache))
         np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_split_for_threads_gives_the_parallel_loop_work():
+    reg = register_tile.Plan("S", "Y", u=2, v=3, mr=7, nr=64, box=(1, 1, 7, 64))
+    flags = [True, True, True, True, False]
+    # one 28-row tile, one 512-channel panel: the longest member is cut in two
+    got = optimize._split_for_threads([32, 32, 35, 512, 256], [1, 28, 28, 512, 256],
+                                      flags, reg, 2)
+    assert got == [32, 32, 35, 256, 256]
+    # already two tiles somewhere: unchanged; one thread: unchanged
+    same = [32, 16, 35, 512, 256]
+    assert optimize._split_for_threads(same, [1, 28, 28, 512, 256], flags, reg, 2) == same
+    assert optimize._split_for_threads([32, 32, 35, 512, 256], [1, 28, 28, 512, 256],
+                                       flags, reg, 1) == [32, 32, 35, 512, 256]
+    # the register tile's row member is cut in whole register tiles
+    got = optimize._split_for_threads([64, 64], [30, 20], [True, True],
+                                      register_tile.Plan("S", "Y", 0, 1, 7, 16, (7, 16)), 2)
+    assert got == [21, 64]

@@ -163,7 +163,7 @@ def test_tiny_kernels_stay_sequential():
     small = _define(MATMUL)
     _check(small, [(7, 13), (13, 30)], lambda A, B: A @ B)
     assert "omp parallel" not in small.c_source
-    big = _define(MATMUL)  # 130 * 97 * 257 = 3.2M instances (the limit is 1M)
+    big = _define(MATMUL)  # 130 * 97 * 257 = 3.2M instances (the limit is 256k)
     _check(big, [(130, 97), (97, 257)], lambda A, B: A @ B)
     assert "omp parallel for" in big.c_source
     generic = _define(MATMUL, specialize=False)  # sizes unknown: parallel

@@ -67,8 +67,7 @@ def conv_model(c: int, m: int, h: int, k: int, stride: int, pad: int):
 
 def child(threads: int, repeat: int, rounds: int, names: list[str]) -> None:
     import numpy as np
-    import onnxruntime as ort
-    from bench_onnx import _median_pair
+    from bench_onnx import _median_pair, ort_session
 
     import polyc
     from polyc.frontend.onnx_import import load_graph
@@ -84,16 +83,12 @@ def child(threads: int, repeat: int, rounds: int, names: list[str]) -> None:
         layout = "NHWC" if any(n.attrs.get(CHANNELS_LAST) for n in
                                optimize_graph(load_graph(model)).nodes) else "NCHW"
         compiled = polyc.compile_onnx(model, options=polyc.Options(threads=threads))
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-        opts.log_severity_level = 3
-        sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                    providers=["CPUExecutionProvider"])
+        sess = ort_session(model, threads)
         want = sess.run(None, {"x": x})[0]
         got = compiled(x)[0]
         ok = bool(np.allclose(got, want, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(want).max())))
-        tp, to = _median_pair(lambda: compiled(x), lambda: sess.run(None, {"x": x}),
-                              repeat, rounds)
+        tp, to = _median_pair(lambda c=compiled, x=x: c(x),
+                              lambda s=sess, x=x: s.run(None, {"x": x}), repeat, rounds)
         ratios.append(tp / to)
         print(f"{name:20s} threads={threads} {layout}  polyc {tp * 1e3:7.3f} ms "
               f"({flops / tp / 1e9:5.1f} GFLOP/s)  onnxruntime {to * 1e3:7.3f} ms "

@@ -72,10 +72,29 @@ def _median_pair(f, g, repeat: int, rounds: int = 5, pause: float = 0.3):
     return mf[len(mf) // 2], mg[len(mg) // 2]
 
 
+#: the CPUs of this process at start-up (see :func:`ort_session`)
+_CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+
+def ort_session(model, threads: int):
+    """An onnxruntime session with ``threads`` intra-op threads, created from a thread
+    with the process's original CPU set: once polyc's code has run under
+    ``OMP_PROC_BIND=close``, libgomp has pinned the main thread to one CPU, and the
+    threads of a session created afterwards would inherit that pin (onnxruntime's
+    2-thread ResNet-50 then ran slower than its 1-thread one)."""
+    import onnxruntime as ort
+    if _CPUS is not None:
+        os.sched_setaffinity(0, _CPUS)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+
+
 def child(threads: int, repeat: int, models: list[str], rounds: int = 5) -> None:
     import numpy as np
     import onnx_models as M
-    import onnxruntime as ort
 
     import polyc
 
@@ -85,11 +104,7 @@ def child(threads: int, repeat: int, models: list[str], rounds: int = 5) -> None
         t0 = time.perf_counter()
         compiled = polyc.compile_onnx(model, options=polyc.Options(threads=threads))
         compile_s = time.perf_counter() - t0
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-        opts.log_severity_level = 3
-        sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                    providers=["CPUExecutionProvider"])
+        sess = ort_session(model, threads)
         want = sess.run(None, feeds)
         got = compiled.run(None, feeds)
         scale = max(float(np.abs(want[0]).max()), 1.0)
@@ -122,7 +137,6 @@ def _tune_model(name: str, threads: int, repeat: int, rounds: int, budget: float
 
     import numpy as np
     import onnx_models as M
-    import onnxruntime as ort
 
     import polyc
     from polyc import model as polyc_model
@@ -152,11 +166,7 @@ def _tune_model(name: str, threads: int, repeat: int, rounds: int, budget: float
     print(f"{name:18s} threads={threads}  compile: cold {cold_s:6.1f} s   tuning (empty "
           f"tuning cache) {tune_s:6.1f} s   warm tuning cache {warm_s:6.1f} s   "
           f"({searched} kernels searched)", flush=True)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
+    sess = ort_session(model, threads)
     want = sess.run(None, feeds)
     scale = max(float(np.abs(want[0]).max()), 1.0)
     ok = all(np.allclose(g, w, rtol=2e-3, atol=1e-4 * scale)
