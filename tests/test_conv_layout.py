@@ -296,3 +296,11 @@ def test_split_for_threads_gives_the_parallel_loop_work():
     got = optimize._split_for_threads([64, 64], [30, 20], [True, True],
                                       register_tile.Plan("S", "Y", 0, 1, 7, 16, (7, 16)), 2)
     assert got == [21, 64]
+
+
+def test_split_for_threads_skips_a_member_it_cannot_cut():
+    """A 32-channel vector member is one register tile wide: the rows are cut instead."""
+    reg = register_tile.Plan("S", "Y", u=2, v=3, mr=8, nr=32, box=(1, 1, 8, 32))
+    got = optimize._split_for_threads([32, 32, 32, 32, 256], [1, 8, 8, 32, 288],
+                                      [True, True, True, True, False], reg, 2)
+    assert got == [32, 4, 32, 32, 256]

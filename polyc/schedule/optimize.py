@@ -141,16 +141,15 @@ def _split_for_threads(sizes: list[int], extents: list[int | None], flags: list[
     if threads < 2 or any(f and (t or 0) >= threads for f, t in zip(flags, trips)):
         return sizes
     known = [i for i in range(len(sizes)) if flags[i] and (extents[i] or 0) >= 2]
-    if not known:
-        return sizes
-    best = max(known, key=lambda i: extents[i] or 0)
-    unit = 1 if reg is None else reg.mr if best == reg.u else reg.nr if best == reg.v else 1
-    per_thread = -(-extents[best] // threads)
-    size = -(-per_thread // unit) * unit
-    if size >= (extents[best] or 0):
-        return sizes
-    sizes = list(sizes)
-    sizes[best] = size
+    for best in sorted(known, key=lambda i: -(extents[i] or 0)):
+        unit = 1 if reg is None else reg.mr if best == reg.u else reg.nr if best == reg.v \
+            else 1
+        per_thread = -(-(extents[best] or 0) // threads)
+        size = -(-per_thread // unit) * unit
+        if size < (extents[best] or 0):  # (a 32-channel vector member cannot be cut)
+            sizes = list(sizes)
+            sizes[best] = size
+            return sizes
     return sizes
 
 
