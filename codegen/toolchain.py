@@ -199,6 +199,15 @@ def _process_cpus() -> set[int] | None:
 _CPUS = _process_cpus()
 
 
+def restore_cpus() -> None:
+    """Give the calling thread the process's original CPU set back (see :data:`_CPUS`)."""
+    if _CPUS is not None and _process_cpus() != _CPUS:
+        try:
+            os.sched_setaffinity(0, _CPUS)
+        except OSError:
+            pass
+
+
 def build_jobs() -> int:
     """How many C compilers to run at once: the CPUs this process may use."""
     return max(1, len(_CPUS)) if _CPUS is not None else max(1, os.cpu_count() or 1)
@@ -212,8 +221,7 @@ def _run_compiler(command: list[str]) -> subprocess.CompletedProcess[str] | OSEr
 
     def work() -> None:
         try:
-            if _CPUS is not None and _process_cpus() != _CPUS:
-                os.sched_setaffinity(0, _CPUS)  # this helper thread only
+            restore_cpus()  # this helper thread only
             out.append(subprocess.run(command, capture_output=True, text=True, check=False))
         except OSError as err:
             out.append(err)

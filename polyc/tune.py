@@ -48,6 +48,7 @@ import numpy as np
 from . import expr as E
 from .errors import PolycWarning
 from .ir import Kernel
+from .codegen.toolchain import restore_cpus
 from .options import Options
 
 #: seconds of search per kernel for ``Options(tune=True)``
@@ -174,27 +175,6 @@ def machine_key() -> str:
 
 def cache_path(options: Options) -> str:
     return os.path.join(options.cache_dir, "tuning", machine_key() + ".json")
-
-
-def _affinity() -> set[int] | None:
-    try:
-        return os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        return None
-
-
-#: the CPUs of this thread at import, before any polyc library ran: a parallel region
-#: under ``OMP_PROC_BIND`` pins the calling thread to one CPU, and every compiler it
-#: starts afterwards would inherit that (a model's parallel build would run on one CPU)
-_AFFINITY = _affinity()
-
-
-def _restore_affinity() -> None:
-    if _AFFINITY is not None and _affinity() != _AFFINITY:
-        try:
-            os.sched_setaffinity(0, _AFFINITY)
-        except OSError:
-            pass
 
 
 def thread_count(options: Options) -> int:
@@ -494,7 +474,7 @@ def tune_kernel(kernel: Kernel, options: Options, *, budget: float | None = None
     try:
         result = _search(kernel, plain, budget, max_candidates, progress)
     finally:
-        _restore_affinity()
+        restore_cpus()  # a parallel region pinned this thread: compilers would inherit it
     result.seconds = time.perf_counter() - start
     if use_cache and result.status == "searched":
         best = Candidate.of(result.options)

@@ -58,6 +58,15 @@ def _feeds(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
     return out
 
 
+def _check_against_onnxruntime(model: onnx.ModelProto, cache: str) -> None:
+    """polyc's output equals onnxruntime's, compiled for 1 and for 2 threads."""
+    feeds = _feeds(model)
+    want = onnxruntime_outputs(model, feeds)[0]
+    for threads in (1, 2):
+        m = polyc.compile_onnx(model, options=polyc.Options(threads=threads, cache_dir=cache))
+        np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+
+
 # (C, M, H, W, k, stride, pad): narrow outputs, strides, 1x1 and 3x3, odd extents that
 # leave partial register tiles (M=48 is 3 vectors; W=9 gives 9 or 5 output columns)
 SHAPES = [
@@ -77,13 +86,7 @@ def test_channel_last_conv_matches_onnxruntime(shape, residual, tmp_cache):
     program = lower_onnx(model)
     convs = [s for s in program.steps if any("v_yt" == a.name for a in s.kernel.arrays)]
     assert convs, "the conv was expected to run channel-last"
-    feeds = _feeds(model)
-    want = onnxruntime_outputs(model, feeds)[0]
-    for threads in (1, 2):
-        m = polyc.compile_onnx(model, options=polyc.Options(threads=threads,
-                                                            cache_dir=tmp_cache))
-        got = m.run(None, feeds)[0]
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    _check_against_onnxruntime(model, tmp_cache)
 
 
 @pytest.mark.parametrize("shape", [(16, 32, 12, 11, 1, 1, 0), (40, 24, 9, 17, 1, 1, 0),
@@ -97,12 +100,7 @@ def test_pointwise_conv_runs_as_a_flat_matmul(shape, residual, tmp_cache):
     assert any(a.name.startswith("v_yf") for a in step.kernel.arrays)
     bound = dict(zip(step.args, step.kernel.inputs + step.kernel.outputs))
     assert len(step.kernel.array(bound["x"]).shape) == 3  # x read as (N, C, H*W)
-    feeds = _feeds(model)
-    want = onnxruntime_outputs(model, feeds)[0]
-    for threads in (1, 2):
-        m = polyc.compile_onnx(model, options=polyc.Options(threads=threads,
-                                                            cache_dir=tmp_cache))
-        np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    _check_against_onnxruntime(model, tmp_cache)
 
 
 def test_wide_or_few_channel_convs_stay_nchw():
@@ -272,12 +270,7 @@ def test_strided_conv_reads_phase_planes(attrs, tmp_cache):
     model.ir_version = 8
     (step,) = lower_onnx(model).steps
     assert any(a.name.startswith("v_xphase") for a in step.kernel.arrays)
-    feeds = _feeds(model)
-    want = onnxruntime_outputs(model, feeds)[0]
-    for threads in (1, 2):
-        m = polyc.compile_onnx(model, options=polyc.Options(threads=threads,
-                                                            cache_dir=tmp_cache))
-        np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    _check_against_onnxruntime(model, tmp_cache)
 
 
 def test_split_for_threads_gives_the_parallel_loop_work():

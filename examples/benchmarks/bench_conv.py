@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -115,14 +113,9 @@ def main() -> None:
     if a.child:
         child(a.child, a.repeat, a.rounds, names)
         return
-    for t in (int(x) for x in a.threads.split(",")):
-        with tempfile.TemporaryDirectory() as cache:
-            env = dict(os.environ, OMP_NUM_THREADS=str(t), OMP_PROC_BIND="close",
-                       POLYC_CACHE_DIR=cache)
-            subprocess.run([sys.executable, __file__, "--child", str(t), "--repeat",
-                            str(a.repeat), "--rounds", str(a.rounds), "--layers", a.layers],
-                           env=env, check=True)
-
+    from bench_onnx import run_children
+    run_children(__file__, a.threads, ["--repeat", str(a.repeat), "--rounds", str(a.rounds),
+                                       "--layers", a.layers])
 
 if __name__ == "__main__":
     main()

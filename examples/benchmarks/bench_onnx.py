@@ -179,6 +179,18 @@ def _tune_model(name: str, threads: int, repeat: int, rounds: int, budget: float
           f"{tt / tu:5.2f}  tuned/ort {tt / to:5.2f}  correct={ok}", flush=True)
 
 
+def run_children(script: str, threads: str, args: list[str]) -> None:
+    """Run ``script --child T args`` once per thread count ``T`` of ``threads`` ("1,2"),
+    each with OMP_NUM_THREADS=T, OMP_PROC_BIND=close and an empty polyc cache (cold
+    compiles): the libraries read their thread counts once, at start-up."""
+    for t in (int(x) for x in threads.split(",")):
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, OMP_NUM_THREADS=str(t), OMP_PROC_BIND="close",
+                       POLYC_CACHE_DIR=cache)
+            subprocess.run([sys.executable, script, "--child", str(t), *args],
+                           env=env, check=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS))
@@ -198,15 +210,10 @@ def main() -> None:
         else:
             child(a.child, a.repeat, models, a.rounds)
         return
-    for t in (int(x) for x in a.threads.split(",")):
-        with tempfile.TemporaryDirectory() as cache:
-            env = dict(os.environ, OMP_NUM_THREADS=str(t), OMP_PROC_BIND="close",
-                       POLYC_CACHE_DIR=cache)
-            subprocess.run([sys.executable, __file__, "--child", str(t), "--repeat",
-                            str(a.repeat), "--rounds", str(a.rounds), "--models", a.models]
-                           + ([] if a.tune is None else ["--tune"])
-                           + ([str(a.tune)] if a.tune not in (None, True) else []),
-                           env=env, check=True)
+    run_children(__file__, a.threads,
+                 ["--repeat", str(a.repeat), "--rounds", str(a.rounds), "--models", a.models]
+                 + ([] if a.tune is None else ["--tune"])
+                 + ([str(a.tune)] if a.tune not in (None, True) else []))
 
 
 if __name__ == "__main__":
