@@ -103,6 +103,19 @@ def test_pointwise_conv_runs_as_a_flat_matmul(shape, residual, tmp_cache):
     _check_against_onnxruntime(model, tmp_cache)
 
 
+@pytest.mark.parametrize("shape", [(16, 32, 23, 25, 1, 2, 0), (8, 16, 40, 31, 1, 3, 0)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("residual", [True, False])
+def test_strided_pointwise_conv_subsamples_then_runs_flat(shape, residual, tmp_cache):
+    """A strided 1x1 conv over >= 128 output pixels copies the pixels it reads (a Slice
+    with steps, its own step) and then runs as the flat matmul over them."""
+    model = _conv_model(*shape, residual=residual, bias=residual)
+    sub, conv = lower_onnx(model).steps
+    assert any("subsample" in o for o in sub.origin)
+    assert any(a.name.startswith("v_yf") for a in conv.kernel.arrays)
+    _check_against_onnxruntime(model, tmp_cache)
+
+
 def test_wide_or_few_channel_convs_stay_nchw():
     for shape in [(16, 32, 40, 40, 3, 1, 1), (3, 32, 20, 20, 3, 2, 1), (16, 20, 8, 8, 3, 1, 1)]:
         program = lower_onnx(_conv_model(*shape, residual=False))
