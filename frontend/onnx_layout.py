@@ -10,15 +10,16 @@ vector access. Those layers ran at 25-45 GFLOP/s where the wide ones reach ~95.
 
 A **channel-last** Conv (chosen here, lowered by :func:`onnx_ops_nn.conv`) computes::
 
-    Xt(n, h, w, c)   = X(n, c, h - pad, w - pad)        (0 in the padding: one copy)
-    Yt(n, oh, ow, m) +=! Xt(n, oh*s + kh*d, ow*s + kw*d, c) * Wt(kh, kw, c, m)
-    Y(n, m, oh, ow)  = Yt(n, oh, ow, m) (+ B(m))         (back to NCHW, bias on the way)
+    Xt(n, h, w, c)           = X(n, c, h - pad, w - pad)   (0 in the padding: one copy)
+    Yt(n, oh, ow, mb, mi)   +=! Xt(n, oh*s + kh*d, ow*s + kw*d, c) * Wb(mb, kh, kw, c, mi)
+    Y(n, m, oh, ow)          = Yt(n, oh, ow, m / MB, m % MB) (+ B(m))   (back to NCHW)
 
-with ``Wt`` the weights transposed to ``(KH, KW, C, M)`` once, here, at compile time.
-The vector loop is now the output channel ``m`` (64 to 2048 in ResNet, always a whole
-number of vectors), the register tile's rows run over ``ow`` (the tile adapts its row
-count to the extent: 7 rows for widths 7, 14, 28), and the input is read one broadcast
-scalar at a time whatever the stride. The two copies move ``C*H*W + M*OH*OW`` elements
+with ``Wb`` the weights blocked to ``(M / MB, KH, KW, C, MB)`` once, here, at compile
+time (:func:`blocked_weights`; ``MB`` is 64, 32 or 16 output channels): the weights of
+one block are one contiguous stream. The vector loop is now the output channel ``mi``
+within a block (a whole number of vectors), the register tile's rows run over ``ow``
+(the tile adapts its row count to the extent: 7 rows for widths 7, 14, 28), and the
+input is read one broadcast scalar at a time whatever the stride. The two copies move ``C*H*W + M*OH*OW`` elements
 against ``2*M*C*KH*KW*OH*OW`` flops: noise for the layers chosen.
 
 The rule (:func:`wants_channels_last`): a 2-D Conv with group 1, constant float weights,
@@ -42,7 +43,7 @@ import numpy as np
 
 from .onnx_graph import Graph, Node, TensorInfo
 
-#: the internal Conv attribute that :func:`onnx_ops_nn.conv` reads (weights are HWIO)
+#: the internal Conv attribute that :func:`onnx_ops_nn.conv` reads (weights blocked)
 CHANNELS_LAST = "polyc_channels_last"
 #: output widths below this run channel-last (NCHW vectors along ``ow`` waste lanes)
 NARROW = 32
@@ -97,6 +98,23 @@ def wants_subsampling(node: Node, graph: Graph) -> bool:
         len(ys) == weights.ndim and int(np.prod(ys[2:])) >= FLAT_PIXELS
 
 
+def channel_block(m: int) -> int:
+    """Output channels per weight block of a channel-last Conv: 64 (four AVX-512 float
+    vectors, the register tile's width) when they divide ``m``, else 32, else 16."""
+    return next(b for b in (64, 32, CHANNEL_MULTIPLE) if m % b == 0)
+
+
+def blocked_weights(w: np.ndarray) -> np.ndarray:
+    """``(M, C, KH, KW)`` weights as ``(M / MB, KH, KW, C, MB)``: the weights of one block
+    of ``MB`` output channels are one contiguous stream, in the order the channel-last
+    contraction reads them (an ``(KH, KW, C, M)`` layout read ``MB`` channels at a time
+    has a stride of ``M``: at 512 channels two blocks per 4 KB page, which the hardware
+    prefetcher does not follow across pages)."""
+    m, c, kh, kw = w.shape
+    mb = channel_block(m)
+    return w.reshape(m // mb, mb, c, kh, kw).transpose(0, 3, 4, 2, 1)
+
+
 def wants_transposed_gemm(node: Node, graph: Graph) -> bool:
     """A Gemm with ``transB=1`` and constant 2-D ``B`` (a fully-connected layer stored
     ``(out, in)``): its contraction would run along ``B``'s rows, a scalar reduction."""
@@ -107,7 +125,7 @@ def wants_transposed_gemm(node: Node, graph: Graph) -> bool:
 
 
 def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
-    """Mark the Convs that run channel-last and give them ``(KH, KW, C, M)`` weights,
+    """Mark the Convs that run channel-last and give them blocked weights,
     split each strided 1x1 Conv over many pixels into a strided ``Slice`` and a
     unit-stride Conv, and give each Gemm with ``transB=1`` and constant ``B`` the
     transposed ``B`` (``transB=0``: the layer then vectorizes along its outputs, a GEMV
@@ -120,9 +138,9 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
     transposed: dict[tuple[str, str], str] = {}  # (weight, layout) -> its copy
     changed = False
 
-    def copy(w: str, tag: str, axes: tuple[int, ...]) -> str:
+    def copy(w: str, tag: str, layout) -> str:
         if (w, tag) not in transposed:
-            value = np.ascontiguousarray(np.transpose(graph.constants[w], axes))
+            value = np.ascontiguousarray(layout(graph.constants[w]))
             name, k = f"{w}_{tag}", 1
             while name in tensors:
                 name, k = f"{w}_{tag}_{k}", k + 1
@@ -160,11 +178,11 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
             stats["conv_subsampled"] += 1
             changed = True
         elif wants_channels_last(n, graph):
-            inputs = (n.inputs[0], copy(n.inputs[1], "hwio", (2, 3, 1, 0))) + n.inputs[2:]
+            inputs = (n.inputs[0], copy(n.inputs[1], "blocked", blocked_weights)) + n.inputs[2:]
             n = dataclasses.replace(n, inputs=inputs, attrs={**n.attrs, CHANNELS_LAST: 1})
             stats["conv_channels_last"] += 1
         elif wants_transposed_gemm(n, graph):
-            inputs = (n.inputs[0], copy(n.inputs[1], "t", (1, 0))) + n.inputs[2:]
+            inputs = (n.inputs[0], copy(n.inputs[1], "t", np.transpose)) + n.inputs[2:]
             n = dataclasses.replace(n, inputs=inputs, attrs={**n.attrs, "transB": 0})
             stats["gemm_transposed"] += 1
         nodes.append(n)

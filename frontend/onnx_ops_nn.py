@@ -120,12 +120,12 @@ def conv(node: Node, ctx: LowerContext) -> Lowered:
     b = node.inputs[2] if len(node.inputs) > 2 else ""
     check_nonempty(node, ctx, x, w, y)
     check_dtype(node, ctx, x, FLOATS)
+    if node.attr(CHANNELS_LAST):
+        return _conv_channels_last(node, ctx)
     xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
     k = len(xs) - 2
     if k < 1 or len(ws) != k + 2:
         raise unsupported(node, f"input rank {len(xs)} / weight rank {len(ws)}")
-    if node.attr(CHANNELS_LAST):
-        return _conv_channels_last(node, ctx)
     group = int(node.attr("group", 1))
     M, Cg = ws[0], ws[1]
     if group < 1 or M % group or xs[1] != Cg * group:
@@ -254,12 +254,16 @@ def _padded_copy(ctx: LowerContext, x: str, dst: str, win: Window, before: list[
 
 def _conv_channels_last(node: Node, ctx: LowerContext) -> Lowered:
     """A 2-D, group-1 Conv computed channel-last (see :mod:`.onnx_layout`): weights are
-    ``(KH, KW, C, M)``; the input is copied (padded) to NHWC, the convolution vectorizes
-    along ``m``, and the result goes back to NCHW with the bias."""
+    blocked ``(M / MB, KH, KW, C, MB)``; the input is copied (padded) to NHWC, the
+    convolution vectorizes along the ``MB`` output channels of a block (its weights one
+    contiguous stream per block), and the result goes back to NCHW with the bias."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     b = node.inputs[2] if len(node.inputs) > 2 else ""
     xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
-    KH, KW, C, M = ws
+    if len(ws) != 5:
+        raise unsupported(node, f"channel-last weights {list(ws)} are not (M/MB, KH, KW, C, MB)")
+    NB, KH, KW, C, MB = ws
+    M = NB * MB
     if len(xs) != 4 or xs[1] != C or ys[1] != M or \
             list(node.attr("kernel_shape", [KH, KW])) != [KH, KW]:
         raise unsupported(node, f"channel-last weights {list(ws)} do not fit input {list(xs)}")
@@ -278,11 +282,12 @@ def _conv_channels_last(node: Node, ctx: LowerContext) -> Lowered:
         xread = read(xt, ["n"] + [affine([(win.strides[d], o[d]), (win.dilations[d], r[d])])
                                   for d in range(2)] + ["c"])
     ranges = [("n", 0, ys[0])] + [(o[d], 0, ys[d + 2]) for d in range(2)] + \
-        [("m", 0, M)] + [(r[d], 0, ws[d]) for d in range(2)] + [("c", 0, C)]
-    conv = f"{lhs(yt, ['n'] + o + ['m'])} +=! {xread} * {read(ctx.name(w), r + ['c', 'm'])}" \
-        f"{where(ranges)}"
+        [("mb", 0, NB), ("mi", 0, MB)] + [(r[d], 0, ws[d + 1]) for d in range(2)] + \
+        [("c", 0, C)]
+    conv = f"{lhs(yt, ['n'] + o + ['mb', 'mi'])} +=! {xread} * " \
+        f"{read(ctx.name(w), ['mb'] + r + ['c', 'mi'])}{where(ranges)}"
     out_idx = ["n", "m"] + o
-    value = read(yt, ["n"] + o + ["m"])
+    value = read(yt, ["n"] + o + [f"m / {MB}", f"m % {MB}"])
     if b:
         value = f"{value} + {read(ctx.name(b), ['m'])}"
     copy_out = f"{lhs(ctx.name(y), out_idx)} = {value}" \
@@ -305,12 +310,12 @@ def conv_transpose(node: Node, ctx: LowerContext) -> Lowered:
     b = node.inputs[2] if len(node.inputs) > 2 else ""
     check_nonempty(node, ctx, x, w, y)
     dt = check_dtype(node, ctx, x, FLOATS)
+    if node.attr(CHANNELS_LAST):
+        return _conv_channels_last(node, ctx)
     xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
     k = len(xs) - 2
     if k < 1 or len(ws) != k + 2:
         raise unsupported(node, f"input rank {len(xs)} / weight rank {len(ws)}")
-    if node.attr(CHANNELS_LAST):
-        return _conv_channels_last(node, ctx)
     group = int(node.attr("group", 1))
     C, Mg = ws[0], ws[1]
     M = Mg * group

@@ -76,6 +76,8 @@ SHAPES = [
     (32, 16, 5, 9, 1, 1, 0),
     (16, 32, 40, 40, 3, 2, 1),  # wide input, strided: channel-last too
     (24, 32, 6, 6, 2, 1, 0),
+    (16, 192, 7, 9, 3, 1, 1),  # three weight blocks of 64 output channels
+    (20, 80, 6, 5, 3, 2, 1),  # five blocks of 16
 ]
 
 
@@ -131,8 +133,22 @@ def test_layout_pass_transposes_the_weights_once():
     conv = next(n for n in g.nodes if n.op_type == "Conv")
     assert conv.attrs[CHANNELS_LAST] == 1 and stats["conv_channels_last"] == 1
     w = numpy_helper.to_array(model.graph.initializer[0])
-    np.testing.assert_array_equal(g.constants[conv.inputs[1]], w.transpose(2, 3, 1, 0))
+    # blocked (M / MB, KH, KW, C, MB): 32 output channels make one block of 32
+    np.testing.assert_array_equal(g.constants[conv.inputs[1]],
+                                  w.transpose(2, 3, 1, 0)[None])
     assert "W" not in g.constants  # the NCHW weights are gone
+
+
+@pytest.mark.parametrize("m,block", [(16, 16), (48, 16), (96, 32), (128, 64), (2048, 64)])
+def test_blocked_weights(m, block):
+    from polyc.frontend.onnx_layout import blocked_weights, channel_block
+    assert channel_block(m) == block
+    w = np.random.default_rng(0).standard_normal((m, 5, 3, 2)).astype(np.float32)
+    b = blocked_weights(w)
+    assert b.shape == (m // block, 3, 2, 5, block)
+    for mm in (0, block - 1, m - 1):
+        np.testing.assert_array_equal(b[mm // block, :, :, :, mm % block],
+                                      w[mm].transpose(1, 2, 0))
 
 
 def test_epilogue_is_one_statement():

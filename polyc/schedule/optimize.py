@@ -117,18 +117,38 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
 
 def _fit_panel(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
                reg: register_tile.Plan) -> list[int]:
-    """Narrow the vector member's cache tile so that the operand panel it walks (one
-    reduction tile deep: ``B[k-tile][n-tile]`` of a matmul, ``W[kh][kw][c-tile][m-tile]``
-    of a channel-last conv) fits half the L2 cache; the register tiles of one cache tile
-    then reuse it from L2 instead of streaming it from memory once per row tile (a 3x3
-    conv over 512 channels has a 4.7 MB panel at the default 512 columns: 7x slower).
-    Matmul's ``256 x 512`` float panel is exactly half of a 1 MB L2 and stays as it is."""
+    """Narrow the cache tile of the operand panel the vector member walks (one reduction
+    tile deep: ``B[k-tile][n-tile]`` of a matmul, ``W[mb][kh][kw][c-tile][mi]`` of a
+    channel-last conv) until it fits half the L2 cache; the register tiles of one cache
+    tile then reuse it from L2 instead of streaming it from memory once per row tile (a
+    3x3 conv over 512 channels has a 4.7 MB panel at the default 512 columns: 7x slower).
+    The vector member shrinks first (to whole register tiles), then the other parallel
+    members that index the panel (a blocked conv's weight block ``mb``). Matmul's
+    ``256 x 512`` float panel is exactly half of a 1 MB L2 and stays as it is."""
     depth = cache_blocks.reduction_depth(sizes, node, kernel)
     itemsize = 8 if kernel.array(reg.array).dtype in ("float64", "int64") else 4
     cols = machine.l2_bytes() // 2 // max(1, depth * itemsize)
     sizes = list(sizes)
     sizes[reg.v] = max(reg.nr, min(sizes[reg.v], cols // reg.nr * reg.nr))
+    rest = cols // sizes[reg.v]
+    for i in _panel_members(node, kernel, reg):
+        sizes[i] = max(1, min(sizes[i], rest))
+        rest //= sizes[i]
     return sizes
+
+
+def _panel_members(node: isl.ScheduleNode, kernel: Kernel,
+                   reg: register_tile.Plan) -> list[int]:
+    """Parallel members other than the register tile's rows and columns whose iterator
+    indexes an operand that the vector member walks (the panel's other dimensions)."""
+    s = kernel.statement(reg.stmt)
+    its = [member_iterators(node, i).get(reg.stmt) for i in range(node.band_n_member())]
+    panels = [r for r in E.reads(s.value) if r.array != reg.array and
+              any(its[reg.v] in E.free_names(ix)[0] for ix in r.indices)]
+    used = {n for r in panels for ix in r.indices for n in E.free_names(ix)[0]}
+    flags = tiling.coincident_flags(node)
+    return [i for i, it in enumerate(its)
+            if flags[i] and i not in (reg.u, reg.v) and it is not None and it in used]
 
 
 def _split_for_threads(sizes: list[int], extents: list[int | None], flags: list[bool],
