@@ -52,15 +52,21 @@ class Promotion:
     span: tuple[isl.AstExpr, ...]
     #: the vector width the scheduler sized the tile for (512: ask gcc for zmm registers)
     vector_bits: int = 0
+    #: the initialisation statement whose constant the accumulator starts from ("": the
+    #: accumulator is loaded from the array)
+    init: str = ""
 
 
-def parse_register_mark(name: str) -> tuple[str, tuple[int, ...], int] | None:
-    """``("S1", (8, 64), 512)`` for the mark ``"register:S1:8,64:512"``; else None."""
+def parse_register_mark(name: str) -> tuple[str, tuple[int, ...], int, str] | None:
+    """``("S1", (8, 64), 512, "")`` for the mark ``"register:S1:8,64:512"``, and
+    ``("S1", (8, 64), 512, "S0")`` for ``"register:S1:8,64:512:S0"`` (the accumulator
+    starts from the constant of the initialisation ``S0``); else None."""
     parts = name.split(":")
-    if len(parts) != 4 or parts[0] != "register":
+    if len(parts) not in (4, 5) or parts[0] != "register":
         return None
     try:
-        return parts[1], tuple(int(s) for s in parts[2].split(",")), int(parts[3])
+        return (parts[1], tuple(int(s) for s in parts[2].split(",")), int(parts[3]),
+                parts[4] if len(parts) == 5 else "")
     except ValueError:
         return None
 
@@ -100,7 +106,7 @@ def build_ast(kernel: Kernel, schedule: isl.Schedule,
     return tree
 
 
-def _promotion(kernel: Kernel, stmt_name: str, box: tuple[int, ...], bits: int,
+def _promotion(kernel: Kernel, stmt_name: str, box: tuple[int, ...], bits: int, init: str,
                build: isl.AstBuild) -> Promotion:
     s = kernel.statement(stmt_name)
     sched = build.get_schedule().intersect_domain(isl.UnionSet.from_set(s.domain))
@@ -120,7 +126,7 @@ def _promotion(kernel: Kernel, stmt_name: str, box: tuple[int, ...], bits: int,
         hi = proj.lexmax_pw_multi_aff().get_pw_aff(0)
         los.append(build.expr_from_pw_aff(lo))
         spans.append(build.expr_from_pw_aff(hi.sub(lo)))
-    return Promotion(stmt_name, s.write.array, box, tuple(los), tuple(spans), bits)
+    return Promotion(stmt_name, s.write.array, box, tuple(los), tuple(spans), bits, init)
 
 
 def annotate_marks(schedule: isl.Schedule) -> tuple[isl.Schedule, int]:

@@ -9,11 +9,11 @@ pragmas, qualifiers, the index type. The function it generates for a kernel::
         return 1;
       {                                   // only for specialised kernels (fixed sizes)
         const int64_t M = 100;
-        T *restrict tmp = polyc_alloc(...);   // temporaries; return 2 on failure
-                                              // (polyc_alloc_zeroed where a statement
+        T *restrict tmp = <a part of polyc_scratch(...)>;  // temporaries, from the
+                                              // thread's scratch block; 2 on failure
+                                              // (zeroed with memset where a statement
                                               // may read an element before it is written)
         <loop nest>
-        free(tmp);
         return 0;
       }
     }
@@ -25,6 +25,7 @@ statement's write footprint in a local array::
       float polyc_acc[8][64] __attribute__((aligned(64)));
       const int64_t polyc_lo0 = c3, polyc_lo1 = c4;       // first element of the tile
       for (r0 ...) #pragma omp simd for (r1 ...) polyc_acc[r0][r1] = C[...];   // copy-in
+                                     (or = 0.0f: the init the scheduler dropped)
       <loops>   ... polyc_acc[m - polyc_lo0][n - polyc_lo1] += A[...] * B[...];
       for (r0 ...) #pragma omp simd for (r1 ...) C[...] = polyc_acc[r0][r1];   // copy-out
     }
@@ -276,7 +277,10 @@ class _Walker:
             inner = self.node(body, pending, in_parallel)
         finally:
             del self.promoted[p.array]
-        return [cgen.Block(code + [copy(f"{local} = {element}")] + inner
+        start = element
+        if p.init:  # the reduction's initial constant (its statement is not scheduled)
+            start = printer.expr(self.kernel.statement(p.init).value, dtype).text
+        return [cgen.Block(code + [copy(f"{local} = {start}")] + inner
                            + [copy(f"{element} = {local}")])]
 
     def _isl(self, e: isl.AstExpr) -> Piece:
@@ -360,16 +364,24 @@ def _function(kernel: Kernel, sym: _Symbols, dialect: CDialect,
               reads_before_writing(kernel, a.name)) for a in kernel.temporaries]
     printer = sym.printer(kernel, {})
     inner: list[cgen.Generable] = []
-    for name, ctype, shape, zeroed in temps:
-        count = printer.expr(_product(shape), "int64").text
-        alloc = "polyc_alloc_zeroed" if zeroed else "polyc_alloc"
+    if temps:  # one block of the thread's scratch (see PRELUDE), carved in 64-byte steps
+        sizes = []
+        for i, (name, ctype, shape, _zeroed) in enumerate(temps):
+            count = printer.expr(_product(shape), "int64").text
+            inner.append(cgen.Statement(
+                f"const size_t polyc_bytes{i} = polyc_bytes({count}, sizeof({ctype}))"))
+            sizes.append(f"polyc_bytes{i}")
         inner.append(cgen.Statement(
-            f"{ctype} *{dialect.restrict} {name} = {alloc}({count}, sizeof({ctype}))"))
-    frees = [cgen.Statement(f"free({name})") for name, *_ in temps]
-    if temps:
-        failed = " || ".join(f"!{name}" for name, *_ in temps)
-        inner.append(cgen.If(failed, cgen.Block(frees + [cgen.Statement("return 2")])))
-    inner += body + frees + [cgen.Statement("return 0")]
+            f"unsigned char *const polyc_scratch_at = polyc_scratch({' + '.join(sizes)})"))
+        inner.append(cgen.If("!polyc_scratch_at", cgen.Statement("return 2")))
+        offset = "polyc_scratch_at"
+        for i, (name, ctype, shape, zeroed) in enumerate(temps):
+            inner.append(cgen.Statement(
+                f"{ctype} *{dialect.restrict} {name} = ({ctype} *)(void *)({offset})"))
+            if zeroed:
+                inner.append(cgen.Statement(f"memset({name}, 0, polyc_bytes{i})"))
+            offset = f"{offset} + polyc_bytes{i}"
+    inner += body + [cgen.Statement("return 0")]
 
     outer: list[cgen.Generable] = []
     check = size_check(kernel)

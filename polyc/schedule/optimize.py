@@ -14,7 +14,10 @@ One top-down walk over the schedule tree. At each band:
    stride-1 score is split off and marked ``"simd"`` (a one-loop band may carry both
    marks: ``omp parallel for simd``);
 5. **registers**: such a leaf band that is also a contraction is tiled once more for
-   registers (:mod:`.register_tile`: unroll-and-jam, accumulators in a local array).
+   registers (:mod:`.register_tile`: unroll-and-jam, accumulators in a local array);
+   where all the updates of an element run in one register tile, the accumulator starts
+   from the reduction's initial constant and the initialisation leaves the schedule
+   (:func:`drop_dead_inits`).
 
 A specialised kernel whose band does little work (fewer than :data:`TINY_WORK`
 statement instances) gets no ``parallel`` mark: OpenMP's start-up would cost more. (A
@@ -54,7 +57,21 @@ def optimize(schedule: isl.Schedule, kernel: Kernel, options: Options) -> isl.Sc
     """Order, tile and mark every band of ``schedule`` (see the module doc)."""
     root = schedule.get_root()
     node = _visit(root.child(0), kernel, options, parallel_done=not options.parallel, tile=True)
-    return node.get_schedule()
+    return drop_dead_inits(node.get_schedule(), kernel)
+
+
+def drop_dead_inits(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
+    """``schedule`` without the reduction initialisations that register tiles start
+    their accumulators from (:func:`register_tile.first_visit_init`): the array is then
+    neither zeroed nor read back before the reduction, two passes over it fewer."""
+    dead = register_tile.dropped_inits(schedule)
+    if not dead:
+        return schedule
+    keep = isl.UnionSet.empty(schedule.get_domain().get_space())
+    for s in kernel.statements:
+        if s.name not in dead:
+            keep = keep.union(isl.UnionSet.from_set(s.domain))
+    return schedule.intersect_domain(keep)
 
 
 def _visit(node: isl.ScheduleNode, kernel: Kernel, options: Options,

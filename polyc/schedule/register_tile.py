@@ -81,10 +81,14 @@ def machine_shape(dtype: str, options: Options) -> tuple[int, int] | None:
     return _SHAPES[(vector_bits(), _ELEMENT_BYTES[dtype])]
 
 
-def mark_name(stmt: str, box: tuple[int, ...]) -> str:
+def mark_name(stmt: str, box: tuple[int, ...], init: str = "") -> str:
     """``"register:S1:8,64:512"``: the statement, its accumulator box, the vector bits
-    (code generation parses it: :func:`polyc.codegen.ast.parse_register_mark`)."""
-    return f"{REGISTER}:{stmt}:{','.join(map(str, box))}:{vector_bits()}"
+    (code generation parses it: :func:`polyc.codegen.ast.parse_register_mark`), and with
+    ``init`` a fifth part ``":S0"``: the accumulator starts from the value of the
+    reduction's initialisation ``S0`` (a constant), which leaves the schedule
+    (:func:`first_visit_init`)."""
+    name = f"{REGISTER}:{stmt}:{','.join(map(str, box))}:{vector_bits()}"
+    return f"{name}:{init}" if init else name
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,10 @@ def apply(node: isl.ScheduleNode, p: Plan, kernel: Kernel) -> isl.ScheduleNode |
     top = _insert_band(mark, outer, [True] * len(outer))
     if check_mark(top.child(0), kernel) is not None:
         return None
+    init = first_visit_init(top.child(0), kernel, top.get_schedule().get_map())
+    if init:
+        renamed = top.child(0).delete().insert_mark(isl.Id(mark_name(p.stmt, p.box, init)))
+        top = renamed.parent()
     coincident = [i for i in range(n) if flags[i]]
     iso = _isolate_full_tiles(top, p, coincident.index(p.u), coincident.index(p.v))
     top = top.band_set_ast_build_options(iso)
@@ -272,18 +280,96 @@ def check_mark(mark: isl.ScheduleNode, kernel: Kernel) -> str | None:
         return f"{stmt} reads {s.write.array} elsewhere than where it writes"
     if not _footprint_is_box(mark, s, box, kernel):
         return f"the elements of {s.write.array} written below it do not form a box of {box}"
+    init = mark_init(mark.mark_get_id().get_name())
+    if init and first_visit_init(mark, kernel, mark.get_schedule().get_map()) != init:
+        return f"its accumulator may not start from {init}'s value"
     return None
 
 
 def parse_mark(name: str) -> tuple[str, tuple[int, ...]] | None:
-    """``("S1", (8, 64))`` for the mark ``"register:S1:8,64:512"``; None for others."""
+    """``("S1", (8, 64))`` for the mark ``"register:S1:8,64:512"`` (or ``...:512:S0``);
+    None for others."""
     parts = name.split(":")
-    if len(parts) != 4 or parts[0] != REGISTER:
+    if len(parts) not in (4, 5) or parts[0] != REGISTER:
         return None
     try:
         return parts[1], tuple(int(x) for x in parts[2].split(","))
     except ValueError:
         return None
+
+
+def mark_init(name: str) -> str:
+    """The initialisation statement a register mark's accumulator starts from, or ""."""
+    parts = name.split(":")
+    return parts[4] if len(parts) == 5 and parts[0] == REGISTER else ""
+
+
+def dropped_inits(schedule: isl.Schedule) -> set[str]:
+    """The statements that register marks of ``schedule`` start from (not scheduled)."""
+    found: set[str] = set()
+
+    def visit(node: isl.ScheduleNode) -> bool:
+        if node.get_type() == isl.schedule_node_type.mark:
+            init = mark_init(node.mark_get_id().get_name())
+            if init:
+                found.add(init)
+        return True
+    schedule.get_root().foreach_descendant_top_down(visit)
+    return found
+
+
+def first_visit_init(mark: isl.ScheduleNode, kernel: Kernel, schedule_map: isl.UnionMap) -> str:
+    """The init statement ``S0`` whose constant the accumulator of the register ``mark``
+    may start from instead of loading the array -- after which ``S0`` is dead -- or "".
+
+    Below the mark runs the reduction ``S`` (writing ``A``). ``S0`` may be dropped when
+    ``S0`` (``kind == "init"``, a constant value) and ``S`` are the only statements that
+    write ``A``; every element ``S0`` writes, ``S`` writes too; all the updates of one
+    element run in one instance of the mark (the schedule above the mark maps each
+    element to one point: the reduction is not tiled above it); and every other
+    statement reading ``A`` reads an element after the last update of it in
+    ``schedule_map`` (the full schedule). Then the first visit of an element would have
+    loaded ``S0``'s constant, and nothing else reads what ``S0`` wrote."""
+    parsed = parse_mark(mark.mark_get_id().get_name())
+    if parsed is None:
+        return ""
+    s = kernel.statement(parsed[0])
+    a = s.write.array
+    if not s.is_reduction or not s.write.is_affine:
+        return ""
+    writers = [t for t in kernel.statements if t.write.array == a]
+    inits = [t for t in writers if t.kind == "init"]
+    if len(inits) != 1 or {t.name for t in writers} != {s.name, inits[0].name}:
+        return ""
+    s0 = inits[0]
+    if s0.op != "=" or not s0.write.is_affine or E.reads(s0.value):
+        return ""
+    ctx = kernel.context
+    w = s.write.relation(s.domain).intersect_params(ctx)
+    w0 = s0.write.relation(s0.domain).intersect_params(ctx)
+    if not w0.range().is_subset(w.range()):
+        return ""
+    prefix = mark.get_prefix_schedule_union_map().intersect_params(ctx).intersect_domain(
+        isl.UnionSet.from_set(s.domain))
+    if not isl.UnionMap.from_map(w).reverse().apply_range(prefix).is_single_valued():
+        return ""
+    updates = isl.UnionMap.from_map(w).reverse()  # A[e] -> S[i]
+    smap = schedule_map.intersect_params(ctx)
+    for r_stmt in kernel.statements:
+        if r_stmt.name == s.name:
+            continue
+        for acc in r_stmt.reads:
+            if acc.array != a:
+                continue
+            if not acc.is_affine:
+                return ""
+            pairs = isl.UnionMap.from_map(acc.relation(r_stmt.domain).intersect_params(ctx)) \
+                .apply_range(updates)  # R[j] -> S[i] on one element
+            times = pairs.apply_domain(smap).apply_range(smap)  # t(R[j]) -> t(S[i])
+            if not times.is_empty() and not times.is_subset(
+                    smap.range().lex_gt_union_set(smap.range())):
+                return ""
+    return s0.name
 
 
 def _footprint_is_box(mark: isl.ScheduleNode, s: Statement, box: tuple[int, ...],

@@ -1,0 +1,122 @@
+"""Register tiles that start from the reduction's initial constant
+(register_tile.first_visit_init, optimize.drop_dead_inits) and kernel temporaries in the
+thread's scratch block (codegen/c_expr.py PRELUDE): results against numpy on sizes that
+are not multiples of any tile, at 1 and 2 threads, and the cases that must keep the
+initialisation."""
+from __future__ import annotations
+
+import re
+import threading
+
+import numpy as np
+import pytest
+from conftest import assert_matches_numpy, random_inputs
+
+import polyc
+from polyc.schedule import register_tile
+
+pytestmark = pytest.mark.filterwarnings("error::polyc.errors.PolycWarning")
+
+MATMUL = """
+def mm(float(M,K) A, float(K,N) B) -> (C) {
+    C(m,n) +=! A(m,k) * B(k,n)
+}"""
+# the product's consumer reads C after the reduction: the init may still go
+MATMUL_THEN_SCALE = """
+def mms(float(M,K) A, float(K,N) B) -> (D) {
+    C(m,n) +=! A(m,k) * B(k,n)
+    D(m,n) = C(m,n) * 2.0
+}"""
+# a max-plus product: the accumulator starts from -inf
+MAXPLUS = """
+def maxplus(float(M,K) A, float(K,N) B) -> (C) {
+    C(m,n) max=! A(m,k) + B(k,n)
+}"""
+TOL = dict(rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,n", [(37, 200, 45), (9, 3, 131), (70, 256, 66)])
+def test_untiled_reduction_starts_from_the_init(threads, m, k, n):
+    op = polyc.define(MATMUL, threads=threads)
+    a, b = random_inputs([((m, k), "float32"), ((k, n), "float32")], seed=k)
+    assert_matches_numpy(op(a, b), a @ b, **TOL)
+    assert register_tile.dropped_inits(op.schedule) == {"S0"}
+    body = op.c_source[op.c_source.rindex("int mm("):]
+    assert re.search(r"polyc_acc\[[^=]*= 0\.0f;", body)  # the accumulator starts at 0
+    assert not re.search(r"\bC\[[^=]*= 0\.0f;", body)  # and C is never zeroed
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tiled_reduction_keeps_the_init(threads):
+    """With ``k`` longer than one reduction tile (256), an element is visited once per
+    tile: the accumulator must be loaded, and the zeroing stays."""
+    op = polyc.define(MATMUL, threads=threads)
+    a, b = random_inputs([((33, 600), "float32"), ((600, 70), "float32")])
+    assert_matches_numpy(op(a, b), a @ b, **TOL)
+    assert not register_tile.dropped_inits(op.schedule)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_consumer_after_the_reduction(threads):
+    op = polyc.define(MATMUL_THEN_SCALE, threads=threads)
+    a, b = random_inputs([((29, 64), "float32"), ((64, 83), "float32")])
+    assert_matches_numpy(op(a, b), 2 * (a @ b), **TOL)
+    assert register_tile.dropped_inits(op.schedule) == {"S0"}
+
+
+def test_max_reduction_starts_from_minus_infinity():
+    op = polyc.define(MAXPLUS)
+    a, b = random_inputs([((21, 50), "float32"), ((50, 70), "float32")])
+    want = (a[:, :, None] + b[None, :, :]).max(axis=1)
+    assert_matches_numpy(op(a, b), want, **TOL)
+    assert register_tile.dropped_inits(op.schedule) == {"S0"}
+
+
+def test_checker_refuses_a_forged_init_mark():
+    """A mark that claims the init where the reduction is tiled above it is unsafe."""
+    import islpy as isl
+
+    from polyc.check import iter_nodes
+    op = polyc.define(MATMUL)
+    a, b = random_inputs([((33, 600), "float32"), ((600, 70), "float32")])
+    op(a, b)
+    scheduled = op._shown().scheduled
+    marks = [n for n in iter_nodes(scheduled.schedule.get_root())
+             if n.get_type() == isl.schedule_node_type.mark
+             and n.mark_get_id().get_name().startswith("register:")]
+    assert marks
+    name = marks[0].mark_get_id().get_name()
+    forged = marks[0].delete().insert_mark(isl.Id(name + ":S0"))
+    assert register_tile.first_visit_init(forged, scheduled.kernel,
+                                          forged.get_schedule().get_map()) == ""
+    assert "may not start from S0" in register_tile.check_mark(forged, scheduled.kernel)
+
+
+def test_scratch_is_per_thread():
+    """Concurrent calls from several threads, each with its own sizes (a parametric
+    kernel whose temporary grows and shrinks), never share a temporary."""
+    op = polyc.define("""
+def rowsoftmax(float(M,N) X) -> (Y) {
+    mx(i) max=! X(i,j)
+    Y(i,j) = exp(X(i,j) - mx(i))
+}""")
+    errors = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(20):
+                m, n = (int(v) for v in rng.integers(1, 300, 2))
+                x = rng.standard_normal((m, n)).astype(np.float32)
+                want = np.exp(x - x.max(axis=1, keepdims=True))
+                np.testing.assert_allclose(op(x), want, rtol=1e-5, atol=1e-6)
+        except BaseException as e:  # noqa: BLE001 -- reported by the main thread
+            errors.append(e)
+    op(np.ones((2, 2), np.float32))  # compile once, before the threads race
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
