@@ -153,3 +153,17 @@ def mx(double(N) X, double(N) Y) -> (Z) {
     X = np.array([1.0, np.nan, 3.0, np.nan, -0.5])
     Y = np.array([2.0, 4.0, np.nan, np.nan, -1.5])
     np.testing.assert_array_equal(op(X, Y), np.fmax(X, Y) + np.fmin(X, Y))
+
+
+@pytest.mark.parametrize("reads,parallel", [(1, False), (3, True)])
+def test_parallel_threshold_weighs_the_reads(reads, parallel):
+    """200k instances: a copy stays sequential (below TINY_WORK), the same loop reading
+    three arrays is three times the work and runs on 2 threads (a 3x3 pool reads nine)."""
+    from polyc.schedule.optimize import TINY_WORK
+    assert 200_704 < TINY_WORK <= 3 * 200_704
+    args = ", ".join(f"float(64,56,56) X{i}" for i in range(reads))
+    value = " + ".join(f"X{i}(c,i,j)" for i in range(reads))
+    op = polyc.define(f"def k({args}) -> (Y) {{\n  Y(c,i,j) = {value}\n}}", threads=2)
+    xs = [rand(64, 56, 56) for _ in range(reads)]
+    np.testing.assert_allclose(op(*xs), sum(xs), rtol=1e-6)
+    assert ("omp parallel" in op.c_source[op.c_source.rindex("int k("):]) is parallel

@@ -20,10 +20,10 @@ One top-down walk over the schedule tree. At each band:
    (:func:`drop_dead_inits`).
 
 A specialised kernel whose band does little work (fewer than :data:`TINY_WORK`
-statement instances) gets no ``parallel`` mark: OpenMP's start-up would cost more. (A
-parallel region costs a few microseconds here. At 32k the transformer layer of the
-benchmarks ran 1.8x slower on 2 threads than on 1 once its bands had multi-trip
-parallel loops; at 1M the copies and epilogues of ResNet-50's convolutions (200k-800k
+statement instances, each weighted by the elements it reads) gets no ``parallel``
+mark: OpenMP's start-up would cost more. (A parallel region costs a few microseconds
+here. At 32k the transformer layer of the benchmarks ran 1.8x slower on 2 threads
+than on 1 once its bands had multi-trip parallel loops; at 1M the copies and epilogues of ResNet-50's convolutions (200k-800k
 elements each) stayed sequential: 58 -> 55 ms at 2 threads with 256k.)
 
 Marks only carry decisions to code generation; :func:`polyc.check.check_schedule`
@@ -208,7 +208,10 @@ def _parallel_first(tiles: isl.ScheduleNode, sizes: list[int],
 
 
 def _is_tiny(node: isl.ScheduleNode, kernel: Kernel) -> bool:
-    """A specialised kernel runs fewer than :data:`TINY_WORK` instances under ``node``."""
+    """A specialised kernel does less than :data:`TINY_WORK` under ``node``: statement
+    instances, each counted once per array element it reads (a copy counts its
+    instances, a 3x3 max pool nine times its outputs: ResNet-50's 200k-output pool ran
+    sequentially at 3x onnxruntime's 2-thread time)."""
     if len(kernel.fixed_sizes) != len(kernel.sizes):
         return False
     total = 0
@@ -217,8 +220,9 @@ def _is_tiny(node: isl.ScheduleNode, kernel: Kernel) -> bool:
         s = sets.get_at(k)
         if s.is_empty():
             continue
+        reads = len(kernel.statement(s.get_tuple_name()).reads)
         s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
-        volume = 1
+        volume = max(1, reads)
         for i in range(s.dim(isl.dim_type.set)):
             lo, hi = s.dim_min_val(i), s.dim_max_val(i)
             if not (lo.is_int() and hi.is_int()):
