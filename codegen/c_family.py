@@ -25,7 +25,8 @@ statement's write footprint in a local array::
       float polyc_acc[8][64] __attribute__((aligned(64)));
       const int64_t polyc_lo0 = c3, polyc_lo1 = c4;       // first element of the tile
       for (r0 ...) #pragma omp simd for (r1 ...) polyc_acc[r0][r1] = C[...];   // copy-in
-                                     (or = 0.0f: the init the scheduler dropped)
+                                     // (= 0.0f instead: the initialisation dropped by
+                                     //  polyc.schedule.optimize.drop_dead_inits)
       <loops>   ... polyc_acc[m - polyc_lo0][n - polyc_lo1] += A[...] * B[...];
       for (r0 ...) #pragma omp simd for (r1 ...) C[...] = polyc_acc[r0][r1];   // copy-out
     }

@@ -19,8 +19,9 @@ time (:func:`blocked_weights`; ``MB`` is 64, 32 or 16 output channels): the weig
 one block are one contiguous stream. The vector loop is now the output channel ``mi``
 within a block (a whole number of vectors), the register tile's rows run over ``ow``
 (the tile adapts its row count to the extent: 7 rows for widths 7, 14, 28), and the
-input is read one broadcast scalar at a time whatever the stride. The two copies move ``C*H*W + M*OH*OW`` elements
-against ``2*M*C*KH*KW*OH*OW`` flops: noise for the layers chosen.
+input is read one broadcast scalar at a time whatever the stride. The two copies move
+``C*H*W + M*OH*OW`` elements against ``2*M*C*KH*KW*OH*OW`` flops: noise for the layers
+chosen.
 
 The rule (:func:`wants_channels_last`): a 2-D Conv with group 1, constant float weights,
 an output channel count that fills whole vectors, at least that many input channels,
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 
@@ -134,20 +136,9 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
     from .onnx_passes import eliminate_dead_nodes
     stats = stats if stats is not None else Counter()
     constants, tensors = dict(graph.constants), dict(graph.tensors)
-    nodes = []
+    nodes: list[Node] = []
     transposed: dict[tuple[str, str], str] = {}  # (weight, layout) -> its copy
-    changed = False
-
-    def copy(w: str, tag: str, layout) -> str:
-        if (w, tag) not in transposed:
-            value = np.ascontiguousarray(layout(graph.constants[w]))
-            name, k = f"{w}_{tag}", 1
-            while name in tensors:
-                name, k = f"{w}_{tag}_{k}", k + 1
-            constants[name] = value
-            tensors[name] = TensorInfo(name, tensors[w].dtype, tuple(value.shape))
-            transposed[(w, tag)] = name
-        return transposed[(w, tag)]
+    subsampled = 0
 
     def fresh(base: str) -> str:
         name, k = base, 1
@@ -155,28 +146,38 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
             name, k = f"{base}_{k}", k + 1
         return name
 
+    def constant(base: str, value: np.ndarray) -> str:
+        name = fresh(base)
+        constants[name] = value
+        tensors[name] = TensorInfo(name, str(value.dtype), tuple(value.shape))
+        return name
+
+    def copy(w: str, tag: str, layout: Callable[[np.ndarray], np.ndarray]) -> str:
+        if (w, tag) not in transposed:
+            value = np.ascontiguousarray(layout(graph.constants[w]))
+            transposed[(w, tag)] = constant(f"{w}_{tag}", value)
+        return transposed[(w, tag)]
+
+    def subsample(n: Node) -> Node:
+        """Emit the strided ``Slice`` of ``n``'s input; ``n`` at unit stride."""
+        x, strides = n.inputs[0], [int(s) for s in n.attrs["strides"]]
+        xs = graph.tensors[x].shape
+        params = {"starts": [0] * len(strides), "ends": list(xs[2:]),
+                  "axes": list(range(2, len(xs))), "steps": strides}
+        args = [constant(f"{n.name}_subsample_{key}", np.asarray(v, np.int64))
+                for key, v in params.items()]
+        sub = fresh(f"{x}_every_{'x'.join(map(str, strides))}")
+        tensors[sub] = TensorInfo(sub, graph.tensors[x].dtype,
+                                  xs[:2] + graph.tensors[n.outputs[0]].shape[2:])
+        nodes.append(Node(f"{n.name}_subsample", "Slice", (x, *args), (sub,)))
+        return dataclasses.replace(n, inputs=(sub,) + n.inputs[1:],
+                                   attrs={**n.attrs, "strides": [1] * len(strides)})
+
     for n in graph.nodes:
         if wants_subsampling(n, graph):
-            x = n.inputs[0]
-            strides = [int(s) for s in n.attrs["strides"]]
-            rank = len(graph.tensors[x].shape)
-            params = {"starts": [0] * len(strides), "ends": list(graph.tensors[x].shape[2:]),
-                      "axes": list(range(2, rank)), "steps": strides}
-            args = [x]
-            for key, value in params.items():
-                c = fresh(f"{n.name}_subsample_{key}")
-                constants[c] = np.asarray(value, np.int64)
-                tensors[c] = TensorInfo(c, "int64", (len(value),))
-                args.append(c)
-            sub = fresh(f"{x}_every_{'x'.join(map(str, strides))}")
-            tensors[sub] = TensorInfo(sub, graph.tensors[x].dtype,
-                                      graph.tensors[x].shape[:2]
-                                      + graph.tensors[n.outputs[0]].shape[2:])
-            nodes.append(Node(f"{n.name}_subsample", "Slice", tuple(args), (sub,)))
-            n = dataclasses.replace(n, inputs=(sub,) + n.inputs[1:],
-                                    attrs={**n.attrs, "strides": [1] * len(strides)})
+            n = subsample(n)
             stats["conv_subsampled"] += 1
-            changed = True
+            subsampled += 1
         elif wants_channels_last(n, graph):
             inputs = (n.inputs[0], copy(n.inputs[1], "blocked", blocked_weights)) + n.inputs[2:]
             n = dataclasses.replace(n, inputs=inputs, attrs={**n.attrs, CHANNELS_LAST: 1})
@@ -186,7 +187,7 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
             n = dataclasses.replace(n, inputs=inputs, attrs={**n.attrs, "transB": 0})
             stats["gemm_transposed"] += 1
         nodes.append(n)
-    if not transposed and not changed:
+    if not transposed and not subsampled:
         return graph
     return eliminate_dead_nodes(dataclasses.replace(
         graph, nodes=tuple(nodes), constants=constants, tensors=tensors), stats)

@@ -23,8 +23,9 @@ A specialised kernel whose band does little work (fewer than :data:`TINY_WORK`
 statement instances, each weighted by the elements it reads) gets no ``parallel``
 mark: OpenMP's start-up would cost more. (A parallel region costs a few microseconds
 here. At 32k the transformer layer of the benchmarks ran 1.8x slower on 2 threads
-than on 1 once its bands had multi-trip parallel loops; at 1M the copies and epilogues of ResNet-50's convolutions (200k-800k
-elements each) stayed sequential: 58 -> 55 ms at 2 threads with 256k.)
+than on 1 once its bands had multi-trip parallel loops; at 1M the copies and
+epilogues of ResNet-50's convolutions (200k-800k elements each) stayed sequential:
+58 -> 55 ms at 2 threads with 256k.)
 
 Marks only carry decisions to code generation; :func:`polyc.check.check_schedule`
 verifies every one of them against the dependences.
