@@ -22,13 +22,16 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from polyc.errors import ToolchainError
 from polyc.options import Options
 
 from .c_family import CSource
+
+T = TypeVar("T")
 
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 #: ``-fno-sanitize-recover``: undefined behaviour aborts instead of printing and going on
@@ -213,22 +216,36 @@ def build_jobs() -> int:
     return max(1, len(_CPUS)) if _CPUS is not None else max(1, os.cpu_count() or 1)
 
 
-def _run_compiler(command: list[str]) -> subprocess.CompletedProcess[str] | OSError:
-    """Run ``command`` from a helper thread whose CPU set is the process's original one:
-    a compiler inherits the CPU set of the thread that starts it, and a thread pinned by
-    OpenMP would run every compiler of a parallel build on one CPU."""
-    out: list[subprocess.CompletedProcess[str] | OSError] = []
+def on_original_cpus(fn: Callable[[], T], name: str = "polyc-helper") -> T:
+    """``fn()`` run in a helper thread whose CPU set is the process's original one, its
+    result returned (its exception raised here). A thread pinned by OpenMP passes its
+    pin on to the processes and threads it starts: every compiler of a parallel build
+    would run on one CPU, and so would the thread pool of an onnxruntime session. The
+    calling thread keeps its own CPU set."""
+    out: list[T] = []
+    err: list[BaseException] = []
 
     def work() -> None:
         try:
             restore_cpus()  # this helper thread only
-            out.append(subprocess.run(command, capture_output=True, text=True, check=False))
-        except OSError as err:
-            out.append(err)
-    helper = threading.Thread(target=work, name="polyc-cc")
+            out.append(fn())
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
+            err.append(e)
+    helper = threading.Thread(target=work, name=name)
     helper.start()
     helper.join()
+    if err:
+        raise err[0]
     return out[0]
+
+
+def _run_compiler(command: list[str]) -> subprocess.CompletedProcess[str] | OSError:
+    """Run ``command`` with the process's original CPU set (:func:`on_original_cpus`)."""
+    try:
+        return on_original_cpus(lambda: subprocess.run(command, capture_output=True,
+                                                       text=True, check=False), "polyc-cc")
+    except OSError as err:
+        return err
 
 
 def _keep(path: str, kept: str) -> str:

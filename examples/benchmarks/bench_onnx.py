@@ -72,37 +72,22 @@ def _median_pair(f, g, repeat: int, rounds: int = 5, pause: float = 0.3):
     return mf[len(mf) // 2], mg[len(mg) // 2]
 
 
-#: the CPUs of this process at start-up (see :func:`ort_session`)
-_CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-
-
 def ort_session(model, threads: int):
     """An onnxruntime session with ``threads`` intra-op threads, created from a helper
-    thread with the process's original CPU set: once polyc's code has run under
-    ``OMP_PROC_BIND=close``, libgomp has pinned the main thread to one CPU, and the
-    threads of a session created there would inherit that pin (onnxruntime's 2-thread
-    ResNet-50 then ran slower than its 1-thread one). The main thread keeps its pin:
-    unpinning it would let it share a CPU with libgomp's pinned worker, and polyc's
-    2-thread figures had lost up to a third that way."""
-    import threading
-
+    thread with the process's original CPU set (``toolchain.on_original_cpus``): once
+    polyc's code has run under ``OMP_PROC_BIND=close``, libgomp has pinned the main
+    thread to one CPU, and the threads of a session created there would inherit that
+    pin (onnxruntime's 2-thread ResNet-50 then ran slower than its 1-thread one). The
+    main thread keeps its pin: unpinning it would let it share a CPU with libgomp's
+    pinned worker, and polyc's 2-thread figures had lost up to a third that way."""
     import onnxruntime as ort
+
+    from polyc.codegen.toolchain import on_original_cpus
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.log_severity_level = 3
-    out = []
-
-    def make() -> None:
-        if _CPUS is not None:
-            os.sched_setaffinity(0, _CPUS)  # this helper thread only
-        out.append(ort.InferenceSession(model.SerializeToString(), opts,
-                                        providers=["CPUExecutionProvider"]))
-    helper = threading.Thread(target=make, name="ort-session")
-    helper.start()
-    helper.join()
-    if not out:
-        raise RuntimeError("onnxruntime could not create the session (see the error above)")
-    return out[0]
+    return on_original_cpus(lambda: ort.InferenceSession(
+        model.SerializeToString(), opts, providers=["CPUExecutionProvider"]), "ort-session")
 
 
 def child(threads: int, repeat: int, models: list[str], rounds: int = 5) -> None:
