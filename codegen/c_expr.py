@@ -423,6 +423,8 @@ def _prelude() -> str:
         "  pthread_once(&polyc_scratch_once, polyc_scratch_setup);",
         "  if (!polyc_scratch_ok)",
         "    return NULL;",
+        "  if (bytes == 0)  /* only empty temporaries: still a valid block */",
+        "    bytes = 64;",
         "  polyc_scratch_block *b = pthread_getspecific(polyc_scratch_key);",
         "  if (!b) {",
         "    if (!(b = calloc(1, sizeof *b)))",

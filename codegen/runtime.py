@@ -153,18 +153,21 @@ def output_shapes(kernel: Kernel, sizes: Mapping[str, int]) -> list[tuple[int, .
 
 
 def check_extents(kernel: Kernel, sizes: Mapping[str, int]) -> None:
-    """Every extent of every array is at least 1, and fixed sizes have their value."""
+    """Fixed sizes have their value; every input extent is at least 1 and no extent is
+    negative (an output or temporary is empty when an index range is)."""
     fixed = dict(kernel.fixed_sizes)
     wrong = {s: v for s, v in sizes.items() if s in fixed and fixed[s] != v}
     if wrong:
         raise CallError(f"{kernel.name} was compiled for {_show(fixed)}, called with "
                         f"{_show(sizes)}")
     for arr in kernel.arrays:
+        least = 1 if arr.role == "input" else 0
         for d, extent in enumerate(arr.shape):
-            if E.evaluate(extent, dict(sizes)) < 1:
+            value = E.evaluate(extent, dict(sizes))
+            if value < least:
                 raise CallError(f"array {arr.name!r}: dimension {d} ({E.show(extent)}) is "
-                                f"{E.evaluate(extent, dict(sizes))} with {_show(sizes)}; "
-                                "every extent must be at least 1")
+                                f"{value} with {_show(sizes)}; "
+                                f"it must be at least {least}")
 
 
 class CompiledFunction:

@@ -8,7 +8,10 @@ For each TC statement, in program order:
 2. range inference (:mod:`.tc_ranges`) gives every index an interval from the accesses,
    the ``where i in lo:hi`` clauses overriding it;
 3. a tensor written for the first time gets its shape from the ranges of its indices
-   (the exclusive upper bounds) and its dtype from the value;
+   (the exclusive upper bounds, or 0 where a range is empty: ``max(N - K + 1, 0)``;
+   these indices never start below 0) and its dtype from the value. An output's first
+   write may not be a reduction without ``!`` (nothing would initialise it; a
+   temporary accumulated that way starts from zeros);
 4. the iteration domain is the rectangle of the ranges. An unconditional read (or an
    ``exists`` access) that the rectangle does not keep in bounds (two indices ranged by
    other accesses, as in ``B(i + j)``; a `where` range wider than a tensor; several sizes
@@ -67,6 +70,7 @@ class DefLowering:
         self.tensors: dict[str, Tensor] = {}
         self.statements: list[Statement] = []
         self.temps: list[str] = []
+        self.written: set[str] = set()
 
     def kernel(self) -> Kernel:
         self.signature()
@@ -120,6 +124,13 @@ class DefLowering:
 
     def statement(self, stmt: P.Stmt) -> None:
         target = self.check_lhs(stmt)
+        if (target.role == "output" and stmt.op != "=" and not stmt.op.endswith("!")
+                and target.name not in self.written):
+            raise err(SemanticError, f"output {target.name!r} is reduced with `{stmt.op}` "
+                      f"before any statement initialises it: write `{stmt.op}!` to start "
+                      f"from the reduction's identity, or assign it in an earlier statement",
+                      stmt.span)
+        self.written.add(target.name)
         scope = Scope(self.sizes, self.tensors, {i.name: i.span for i in stmt.indices},
                       self.allow_indirect)
         low = ExprLowering(scope, stmt.clauses)
@@ -142,7 +153,8 @@ class DefLowering:
         reads = list(E.reads(value)) + list(exists)
         ranges = self.ranges(stmt, target, iters, fixed, reads, scope)
         if target.shape is None:
-            target.shape = tuple(R.to_expr(ranges[i][1]) for i in lhs)
+            # an empty range (upper bound below 0 for some sizes) makes an empty dimension
+            target.shape = tuple(R.to_expr(R.nonnegative(ranges[i][1], self.le)) for i in lhs)
             target.dtype = target.dtype or E.infer_dtype(value, self.dtypes())
         bounds = {i: (R.to_expr(ranges[i][0]), R.to_expr(ranges[i][1])) for i in iters}
         write = Access(target.name, tuple(E.Index(i) for i in lhs))
@@ -211,12 +223,9 @@ class DefLowering:
     # -- range inference and domains -------------------------------------------------
 
     def context_conds(self) -> list[str]:
-        conds = [f"{s} >= 1" for s in self.sizes]
-        for t in self.tensors.values():
-            for d in t.shape or ():
-                if not isinstance(d, E.Const):
-                    conds.append(f"{E.to_isl(d)} >= 1")
-        return conds
+        """What holds for every call: sizes are positive (they are extents of inputs).
+        Extents of outputs and temporaries may be 0 (an empty range), so they add nothing."""
+        return [f"{s} >= 1" for s in self.sizes]
 
     def le(self, a: R.Lin, b: R.Lin) -> bool:
         """True if ``a <= b`` for every value of the sizes allowed by the context."""
@@ -233,24 +242,15 @@ class DefLowering:
         if target.shape is not None:
             accesses.insert(0, (tuple(E.Index(i.name) for i in stmt.indices), target.shape))
         # a non-affine (indirect) index does not constrain the ranges, as in TC
-        constraints = [R.Constraint(R.from_expr(i), R.from_expr(d))
+        constraints = [R.Constraint(R.from_expr(i), R.extent_from_expr(d))
                        for idx, shape in accesses for i, d in zip(idx, shape)
                        if E.is_affine(i)]
-        ranges, ambiguous = R.infer_ranges(iters, fixed, constraints, self.le)
+        new = frozenset(i.name for i in stmt.indices) if target.shape is None else frozenset()
+        ranges = R.infer_ranges(iters, fixed, constraints, self.le, new)
         for i in iters:
             if i not in ranges:
                 raise err(RangeInferenceError, f"cannot infer the range of index {i!r}; add "
                           f"`where {i} in 0:N`", scope.index_spans[i])
-        if target.shape is None:
-            for i in stmt.indices:
-                if i.name in ambiguous:
-                    his = {E.show(R.to_expr(r[1])): 0 for r in ambiguous[i.name]}
-                    los = {E.show(R.to_expr(r[0])): 0 for r in ambiguous[i.name]}
-                    cands = " and ".join(his if len(his) > 1 else los)
-                    raise err(RangeInferenceError, f"the range of index {i.name!r} depends on "
-                              f"bounds polyc cannot order ({cands}) and the shape of "
-                              f"{target.name!r} needs one extent: add `where {i.name} in "
-                              f"lo:hi`", i.span)
         return ranges
 
     def extra_constraints(self, name: str, stmt: P.Stmt, iters: list[str],

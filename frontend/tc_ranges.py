@@ -1,13 +1,18 @@
-"""Range inference for TC statements, on exact affine arithmetic.
+"""Range inference for TC statements, on exact affine arithmetic decided by isl.
 
 A :class:`Lin` is an integer affine form ``sum(coef * atom) + const`` whose atoms are
-names (sizes or indices) and floor divisions ``floor(Lin / d)``. Range inference works
-on these forms and turns the results back into :mod:`polyc.expr` trees, so extents read
-``H - KH + 1`` or ``(H - KH) // 2 + 1`` rather than whatever a solver prints.
+names (sizes or indices), floor divisions ``floor(Lin / d)`` and the ``min``/``max`` of
+forms in the sizes (:class:`MinMax`). Range inference works on these forms and turns
+the results back into :mod:`polyc.expr` trees, so extents read ``H - KH + 1``,
+``(H - KH) // 2 + 1`` or ``Q - min(Q, R) + 1`` rather than whatever a solver prints.
 
 The algorithm is TC's (see :func:`infer_ranges`): rounds in which every index that is
 the only not-yet-ranged index of some access dimension gets the largest interval that
-keeps that access in bounds for all values of the already-ranged indices.
+keeps that access in bounds for all values of the already-ranged indices. When several
+accesses bound an index, its range is their intersection: the greatest lower bound and
+the least upper bound. Which bound is tightest is asked of isl over the sizes' context
+(a bound that never wins is dropped); where it depends on the sizes, the bound is their
+``min``/``max`` -- a piecewise affine extent, exact for every size, never a guess.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from typing import Union
 
 from polyc import expr as E
 
-Atom = Union[str, "Floor"]
+Atom = Union[str, "Floor", "MinMax"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,13 @@ class Floor:
     """The atom ``floor(num / den)`` with ``den >= 2``."""
     num: Lin
     den: int
+
+
+@dataclass(frozen=True)
+class MinMax:
+    """The atom ``min(args)`` or ``max(args)`` (``op``) of two or more forms in sizes."""
+    op: str
+    args: tuple[Lin, ...]
 
 
 class Lin:
@@ -74,7 +86,13 @@ class Lin:
         """Every name in the form, inside floor atoms too."""
         out: set[str] = set()
         for a in self.terms:
-            out |= {a} if isinstance(a, str) else a.num.names()
+            if isinstance(a, str):
+                out.add(a)
+            elif isinstance(a, Floor):
+                out |= a.num.names()
+            else:
+                for x in a.args:
+                    out |= x.names()
         return out
 
 
@@ -130,11 +148,42 @@ def from_expr(e: E.Expr) -> Lin | None:
     return None
 
 
+def extent_from_expr(e: E.Expr) -> Lin | None:
+    """The form of an extent: :func:`from_expr` plus ``min``/``max`` calls of extents."""
+    if isinstance(e, E.Call) and e.fn in ("min", "max"):
+        args = [extent_from_expr(a) for a in e.args]
+        if any(a is None for a in args):
+            return None
+        return Lin.of(MinMax(e.fn, tuple(args)))  # type: ignore[arg-type]
+    if isinstance(e, E.Binary) and e.op in ("+", "-", "*", "//"):
+        a, b = extent_from_expr(e.a), extent_from_expr(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "+":
+            return a + b
+        if e.op == "-":
+            return a - b
+        if e.op == "*" and (a.is_const or b.is_const):
+            return b.scale(a.const) if a.is_const else a.scale(b.const)
+        if e.op == "//" and b.is_const and b.const > 0:
+            return floor_div(a, b.const)
+        return None
+    if isinstance(e, E.Unary) and e.op == "-":
+        x = extent_from_expr(e.x)
+        return None if x is None else -x
+    return from_expr(e)
+
+
 def to_expr(x: Lin, is_index: Callable[[str], bool] = lambda _: False) -> E.Expr:
     """A readable tree: positive terms first, then negative ones, then the constant."""
     def atom(a: Atom) -> E.Expr:
         if isinstance(a, Floor):
             return E.Binary("//", to_expr(a.num, is_index), E.Const(a.den))
+        if isinstance(a, MinMax):
+            out = to_expr(a.args[0], is_index)
+            for x in a.args[1:]:
+                out = E.Call(a.op, (out, to_expr(x, is_index)))
+            return out
         return E.Index(a) if is_index(a) else E.Size(a)
 
     def term(a: Atom, c: int) -> E.Expr:
@@ -200,7 +249,7 @@ def bound_index(e: Lin, extent: Lin, x: str, ranges: dict[str, Range]) -> Range 
     None when ``x`` occurs inside a floor atom (then the access does not bound it).
     """
     c = e.terms.get(x, 0)
-    if c == 0 or any(isinstance(a, Floor) and x in a.num.names() for a in e.terms):
+    if c == 0 or any(not isinstance(a, str) and x in Lin.of(a).names() for a in e.terms):
         return None
     rmin, rmax = extremes(Lin({a: k for a, k in e.terms.items() if a != x}, e.const), ranges)
     if c > 0:  # c*x >= -rmin  and  c*x <= extent - 1 - rmax
@@ -217,19 +266,19 @@ class Constraint:
 
 
 def infer_ranges(indices: list[str], fixed: dict[str, Range], constraints: list[Constraint],
-                 le: Callable[[Lin, Lin], bool]
-                 ) -> tuple[dict[str, Range], dict[str, list[Range]]]:
-    """TC's range inference: (ranges, {index: candidate ranges} for the ambiguous ones).
+                 le: Callable[[Lin, Lin], bool], nonnegative_indices: frozenset[str] = frozenset()
+                 ) -> dict[str, Range]:
+    """TC's range inference: the range of every index it can range.
 
-    ``fixed`` are the `where` ranges (never re-inferred). Each round, every index that is
+    ``fixed`` are the `where` ranges (never re-inferred). The indices in
+    ``nonnegative_indices`` (those of a tensor's first write, which gets its shape from
+    them) never start below 0. Each round, every index that is
     the only unranged index of some constraint gets the intersection of the ranges all
     such constraints give it; a constraint with two unranged indices waits for a later
-    round. ``le(a, b)`` proves ``a <= b`` for all sizes; when neither bound provably wins,
-    the first is kept and the index is reported with all the candidates (the domain must
-    then carry the other bounds as constraints).
+    round. ``le(a, b)`` proves ``a <= b`` for all sizes (isl, in the caller's context);
+    bounds whose order depends on the sizes are kept together as a ``min``/``max``.
     """
     ranges = dict(fixed)
-    ambiguous: dict[str, list[Range]] = {}
     while True:
         found: dict[str, list[Range]] = {}
         for con in constraints:
@@ -239,24 +288,34 @@ def infer_ranges(indices: list[str], fixed: dict[str, Range], constraints: list[
                 if r is not None:
                     found.setdefault(unknown[0], []).append(r)
         if not found:
-            return ranges, ambiguous
+            return ranges
         for x, rs in found.items():
-            lo, amb_lo = _pick(rs, 0, lambda a, b: le(b, a))
-            hi, amb_hi = _pick(rs, 1, le)
-            ranges[x] = (lo, hi)
-            if amb_lo or amb_hi:
-                ambiguous[x] = rs
+            los = [r[0] for r in rs] + ([Lin()] if x in nonnegative_indices else [])
+            ranges[x] = (tightest(los, "max", le), tightest([r[1] for r in rs], "min", le))
 
 
-def _pick(rs: list[Range], k: int, better: Callable[[Lin, Lin], bool]) -> tuple[Lin, bool]:
-    """The tightest of the ``k``-th bounds (by ``better(a, b)``: a is at least as tight)."""
-    best, ambiguous = rs[0][k], False
-    for r in rs[1:]:
-        b = r[k]
-        if b == best or better(best, b):
-            continue
-        if better(b, best):
-            best = b
+def tightest(bounds: list[Lin], op: str, le: Callable[[Lin, Lin], bool]) -> Lin:
+    """``min(bounds)`` (``op == "min"``) or ``max(bounds)``, without the bounds that isl
+    proves never win; a single survivor is returned as it is."""
+    def tighter(a: Lin, b: Lin) -> bool:  # a is at least as tight as b for every size
+        return le(a, b) if op == "min" else le(b, a)
+
+    flat: list[Lin] = []
+    for b in bounds:
+        atom = next(iter(b.terms), None)
+        if (len(b.terms) == 1 and b.const == 0 and isinstance(atom, MinMax)
+                and atom.op == op and b.terms[atom] == 1):
+            flat += atom.args
         else:
-            ambiguous = True
-    return best, ambiguous
+            flat.append(b)
+    kept: list[Lin] = []
+    for b in flat:
+        if any(k == b or tighter(k, b) for k in kept):
+            continue
+        kept = [k for k in kept if not tighter(b, k)] + [b]
+    return kept[0] if len(kept) == 1 else Lin.of(MinMax(op, tuple(kept)))
+
+
+def nonnegative(x: Lin, le: Callable[[Lin, Lin], bool]) -> Lin:
+    """``max(x, 0)``: the extent an exclusive upper bound gives (0 for an empty range)."""
+    return tightest([x, Lin()], "max", le)

@@ -184,7 +184,10 @@ def _const_value(e: Expr) -> int:
 
 
 def to_isl(e: Expr) -> str:
-    """An affine expression in isl's textual syntax (``floor(x/2)`` for ``x // 2``)."""
+    """An affine expression in isl's textual syntax (``floor(x/2)`` for ``x // 2``).
+
+    Extents may also take the ``min``/``max`` of two such expressions (piecewise affine:
+    range inference gives ``min(Q, R)`` when neither size bounds the other)."""
     if isinstance(e, (Index, Size)):
         return e.name
     if isinstance(e, Const):
@@ -198,6 +201,8 @@ def to_isl(e: Expr) -> str:
             return f"(({to_isl(e.a)}) mod {to_isl(e.b)})"
         if e.op in ("+", "-", "*"):
             return f"({to_isl(e.a)} {e.op} {to_isl(e.b)})"
+    if isinstance(e, Call) and e.fn in ("min", "max") and len(e.args) == 2:
+        return f"{e.fn}({to_isl(e.args[0])}, {to_isl(e.args[1])})"
     raise ValueError(f"not an affine expression: {e!r}")
 
 
@@ -218,6 +223,9 @@ def evaluate(e: Expr, env: dict[str, int]) -> int:
             return a // b
         if e.op == "%":
             return a % b
+    if isinstance(e, Call) and e.fn in ("min", "max"):
+        values = [evaluate(x, env) for x in e.args]
+        return min(values) if e.fn == "min" else max(values)
     raise ValueError(f"cannot evaluate {e!r} as an integer")
 
 

@@ -163,9 +163,12 @@ def params_prefix(sizes: tuple[str, ...] | list[str]) -> str:
 
 
 def default_context(sizes: tuple[str, ...], arrays: tuple[Array, ...]) -> isl.Set:
-    """Sizes are positive, and so is every array extent."""
+    """Sizes are positive, and so is every input extent (outputs and temporaries may be
+    empty: an index range that is empty for some sizes gives an extent of 0)."""
     conds = [f"{s} >= 1" for s in sizes]
     for a in arrays:
+        if a.role != "input":
+            continue
         for d in a.shape:
             if not isinstance(d, E.Const):
                 conds.append(f"{E.to_isl(d)} >= 1")

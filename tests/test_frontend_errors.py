@@ -90,8 +90,6 @@ TC_ERRORS = [
     (body("B(i) +=! A(i) * k"), RangeInferenceError,
      r"^2:17: cannot infer the range of index 'k'"),
     (body("B(i) +=! A(i / 2)"), RangeInferenceError, r"^2:3: cannot infer the range of index 'i'"),
-    (body("B(i) = A(i) + C(i)", sig="float(N) A, float(M) C"), RangeInferenceError,
-     r"^2:3: the range of index 'i' depends on bounds polyc cannot order \(N and M\)"),
     ("def f(float(N) A) -> (float(N) B) {\nB(i) = A(0) where i in 0:N+1\n}",
      RangeInferenceError, r"^2:1: the statement writes 'B' outside its shape \(N\)"),
     # unsupported
