@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from polyc import expr as E
+from polyc import limits
 from polyc.errors import CallError
 from polyc.ir import Array, Kernel
 
@@ -170,6 +171,54 @@ def check_extents(kernel: Kernel, sizes: Mapping[str, int]) -> None:
                                 f"it must be at least {least}")
 
 
+def check_array_sizes(kernel: Kernel, sizes: Mapping[str, int],
+                      allocated: Sequence[str] | None = None) -> None:
+    """Every array of ``kernel`` within :data:`polyc.limits.MAX_ARRAY_ELEMENTS`, and the
+    arrays the call allocates (``allocated``; default: the outputs and temporaries) each
+    and together within :func:`polyc.limits.max_array_bytes`; checked before any
+    allocation, so an array too big for the machine is a :class:`CallError` naming it
+    rather than numpy's ``MemoryError`` (or an overcommitted allocation killed later)."""
+    env = dict(sizes)
+    if allocated is None:
+        allocated = [a.name for a in kernel.arrays if a.role != "input"]
+    limit_bytes, origin = limits.max_array_bytes(), limits.max_array_bytes_origin()
+    total, parts = 0, []
+    for arr in kernel.arrays:
+        shape = tuple(E.evaluate(d, env) for d in arr.shape)
+        elements = 1
+        for n in shape:
+            elements *= n
+        what = f"{kernel.name}: array {arr.name!r} of shape {shape}"
+        if elements > limits.MAX_ARRAY_ELEMENTS:
+            raise CallError(f"{what} has {elements} elements; the limit is "
+                            f"{limits.MAX_ARRAY_ELEMENTS} = 2**48 "
+                            f"(polyc.limits.MAX_ARRAY_ELEMENTS) with {_show(sizes)}")
+        if arr.name not in allocated:
+            continue
+        nbytes = elements * NUMPY_DTYPES[arr.dtype].itemsize
+        if nbytes > limit_bytes:
+            raise CallError(f"{what} needs {_bytes(nbytes)} ({elements} elements of "
+                            f"{arr.dtype}), more than the limit of {_bytes(limit_bytes)} "
+                            f"(polyc.limits.max_array_bytes(): {origin}) with "
+                            f"{_show(sizes)}")
+        total += nbytes
+        parts.append(f"{arr.name} {_bytes(nbytes)}")
+    if total > limit_bytes:
+        raise CallError(f"{kernel.name}: the arrays a call allocates need {_bytes(total)} "
+                        f"together ({', '.join(parts)}), more than the limit of "
+                        f"{_bytes(limit_bytes)} (polyc.limits.max_array_bytes(): {origin}) "
+                        f"with {_show(sizes)}")
+
+
+def _bytes(n: int) -> str:
+    if n < 2 ** 20:
+        return f"{n} bytes"
+    for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
 class CompiledFunction:
     """A compiled kernel: ``f(inputs, sizes=None, outputs=None) -> tuple of outputs``."""
 
@@ -190,6 +239,8 @@ class CompiledFunction:
         arrays = check_inputs(kernel, inputs)
         values = bind_sizes(kernel, arrays, sizes)
         check_extents(kernel, values)
+        check_array_sizes(kernel, values, None if outputs is None else [
+            a.name for a in kernel.arrays if a.role == "temp"])
         arrays = [np.require(x, requirements=("C_CONTIGUOUS", "ALIGNED")) for x in arrays]
         outs = self._outputs(values, outputs, arrays)
         args = [values[s] for s in kernel.sizes] + [a.ctypes.data for a in arrays + outs]

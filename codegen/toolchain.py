@@ -2,8 +2,10 @@
 
 Libraries are cached in ``options.cache_dir`` under the sha256 of (source text, compiler
 flags, compiler version): ``<cache>/<function>-<hash>.so`` with the source kept beside it
-as ``.c``. Concurrent builds of the same source are safe: each process compiles into a
-private temporary name in the cache directory, then ``os.replace`` publishes the result
+as ``.c`` (a function name longer than :data:`MAX_STEM` characters is cut and hashed,
+:func:`file_stem`, so file names stay short whatever the names in the source).
+Concurrent builds of the same source are safe: each process compiles into a private
+temporary name in the cache directory, then ``os.replace`` publishes the result
 atomically (the last writer wins, and every writer wrote the same bytes).
 
 A model's library may come from several translation units
@@ -82,6 +84,21 @@ def cache_key(text: str, options: Options) -> str:
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
 
+#: the longest stem kept as it is in a cache file name (file names have at most 255 bytes)
+MAX_STEM = 64
+
+
+def file_stem(name: str) -> str:
+    """``name`` made safe and short for a file name in the cache: kept as it is when it is
+    short and plain, else its first characters and a hash of the whole (names in the
+    source may be up to :data:`polyc.limits.MAX_NAME_LENGTH` characters long)."""
+    plain = "".join(c if c.isalnum() or c in "_-." else "_" for c in name).lstrip(".")
+    if plain == name and 0 < len(name) <= MAX_STEM:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return f"{plain[:MAX_STEM - 17] or 'polyc'}_{digest}"
+
+
 def build_shared(source: CSource | str, options: Options, stem: str | None = None) -> str:
     """Compile ``source`` (cached) and return the path of the shared library
     (``<cache>/<stem>-<hash>.so``; ``stem`` defaults to the function's name).
@@ -93,7 +110,7 @@ def build_shared(source: CSource | str, options: Options, stem: str | None = Non
     if stem is None:
         stem = source.function_name if isinstance(source, CSource) else "polyc"
     os.makedirs(options.cache_dir, exist_ok=True)
-    base = os.path.join(options.cache_dir, f"{stem}-{cache_key(text, options)[:32]}")
+    base = os.path.join(options.cache_dir, f"{file_stem(stem)}-{cache_key(text, options)[:32]}")
     library, source_path = base + ".so", base + ".c"
     if os.path.exists(library):
         return library
@@ -140,7 +157,7 @@ def build_model_library(text: str, name: str, options: Options,
         return build_shared(text if not units else units[0], options, stem=name)
     os.makedirs(options.cache_dir, exist_ok=True)
     key = cache_key(json.dumps(["polyc-units", list(units)]), options)
-    base = os.path.join(options.cache_dir, f"{name}-{key[:32]}")
+    base = os.path.join(options.cache_dir, f"{file_stem(name)}-{key[:32]}")
     library = base + ".so"
     if os.path.exists(library):
         return library

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyc.errors import ParseError, SemanticError, UnsupportedError
+from polyc.errors import CompileError, ParseError, SemanticError, UnsupportedError
 from polyc.expr import DTYPES
 from polyc.ir import Kernel
 
@@ -168,5 +168,16 @@ def from_einsum(spec: str, dtypes: list[str], ranks: list[int] | None = None) ->
     """The kernel of ``numpy.einsum(spec, X0, X1, ...)`` for inputs of ``dtypes``.
 
     ``ranks`` (the number of dims of each input) is needed only when ``spec`` has ``...``.
+    An error in ``spec`` shows ``spec`` with a caret under the column.
     """
-    return from_tc(einsum_to_tc(spec, dtypes, ranks), "einsum")
+    try:
+        text = einsum_to_tc(spec, dtypes, ranks)
+    except CompileError as e:
+        if e.line == 1 and "\n" not in spec:
+            e.source_line = spec
+        raise
+    try:
+        return from_tc(text, "einsum")
+    except CompileError as e:
+        e.source_line = None  # a line of the TC written here, not of the user's string
+        raise

@@ -11,6 +11,11 @@ constant divisor is read as floor division); polyc rejects indirect indices
 be any integer expression (reads of integer tensors, ``?:``, ``min``/``max``, products of
 indices), and such an index constrains neither range inference nor the bounds checks --
 whoever writes it must keep it inside the tensor (clamp or guard it).
+
+An unknown name gets the closest known one suggested (``did you mean 'B'?``). Let-bindings
+are substituted; the result must stay within :data:`polyc.limits.MAX_EXPR_DEPTH` levels and
+:data:`polyc.limits.MAX_EXPR_NODES` nodes (bindings that use each other twice double in
+size at each step), and a statement within :data:`polyc.limits.MAX_INDICES` indices.
 """
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyc import expr as E
-from polyc.errors import SemanticError, UnsupportedError
+from polyc import limits
+from polyc.errors import CompileError, SemanticError, UnsupportedError
 
 from . import tc_parser as P
 
@@ -34,8 +40,9 @@ TC_BUILTINS = frozenset(["acos", "acosh", "asin", "asinh", "atan", "atan2", "ata
 RESERVED = frozenset(["and", "or", "not", "mod", "floor", "ceil", "exists", "min", "max", "infty", "NaN", "true", "false", "rat", "implies", "xor", "auto", "break", "case", "char", "const", "continue", "default", "do", "else", "enum", "extern", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void", "volatile", "while"])
 
 
-def err(cls, message: str, span: P.Span):
-    return cls(message, span.line, span.col)
+def err(cls: type[CompileError], message: str, span: P.Span) -> CompileError:
+    """``cls`` at ``span`` (with its source line when the span has it)."""
+    return P.error(cls, message, span)
 
 
 def check_name(name: str, span: P.Span, what: str) -> None:
@@ -81,6 +88,8 @@ class ExprLowering:
         self.lets: dict[str, P.LetClause] = {}
         self.let_values: dict[str, E.Expr] = {}
         self.active: set[str] = set()
+        #: id -> (depth, nodes, the node) of lowered expressions, let-bindings expanded
+        self.measured: dict[int, tuple[int, int, E.Expr]] = {}
         self.exists = [c.access for c in clauses if isinstance(c, P.ExistsClause)]
         for c in clauses:
             if isinstance(c, P.LetClause):
@@ -94,11 +103,45 @@ class ExprLowering:
         out = []
         for a in self.exists:
             if a.name not in self.scope.tensors:
-                raise err(SemanticError, f"unknown tensor {a.name!r} in exists clause", a.span)
+                raise err(SemanticError, f"unknown tensor {a.name!r} in exists clause"
+                          f"{P.did_you_mean(a.name, self.scope.tensors)}", a.span)
             out.append(self.read(a.name, a.args, a.span))
         return out
 
     def value(self, e: P.Expr) -> E.Expr:
+        x = self.lower(e)
+        if self.lets:  # only let-bindings make an expression larger than its text
+            self.measure(x, e)
+        return x
+
+    def measure(self, x: E.Expr, e: P.Expr) -> None:
+        """Check ``x`` (the lowering of ``e``) against the size limits; iterative and
+        memoised, so shared subtrees (let-bindings) are measured once."""
+        memo = self.measured
+        stack: list[tuple[E.Expr, bool]] = [(x, False)]
+        while stack:
+            y, ready = stack.pop()
+            if id(y) in memo:
+                continue
+            kids = E.children(y)
+            if ready:
+                depth = 1 + max((memo[id(k)][0] for k in kids), default=0)
+                nodes = 1 + sum(memo[id(k)][1] for k in kids)
+                memo[id(y)] = (depth, nodes, y)
+            else:
+                stack.append((y, True))
+                stack.extend((k, False) for k in kids if id(k) not in memo)
+        depth, nodes, _ = memo[id(x)]
+        if depth > limits.MAX_EXPR_DEPTH:
+            raise err(SemanticError, f"expression too deep once its let-bindings are "
+                      f"substituted ({depth} levels); the limit is {limits.MAX_EXPR_DEPTH} "
+                      f"(polyc.limits.MAX_EXPR_DEPTH)", start(e))
+        if nodes > limits.MAX_EXPR_NODES:
+            raise err(SemanticError, f"expression too large once its let-bindings are "
+                      f"substituted ({nodes} nodes); the limit is {limits.MAX_EXPR_NODES} "
+                      f"(polyc.limits.MAX_EXPR_NODES)", start(e))
+
+    def lower(self, e: P.Expr) -> E.Expr:
         if isinstance(e, P.Number):
             return E.Const(e.value)
         if isinstance(e, P.Name):
@@ -129,6 +172,10 @@ class ExprLowering:
             return E.Size(n.name)
         if n.name not in self.scope.index_spans:
             check_name(n.name, n.span, "index")
+            if len(self.scope.index_spans) >= limits.MAX_INDICES:
+                raise err(SemanticError, f"the statement has more than {limits.MAX_INDICES} "
+                          f"indices (with {n.name!r}); the limit is {limits.MAX_INDICES} "
+                          f"(polyc.limits.MAX_INDICES)", n.span)
             self.scope.index_spans[n.name] = n.span
         return E.Index(n.name)
 
@@ -136,6 +183,10 @@ class ExprLowering:
         if n.name in self.active:
             raise err(SemanticError, f"let-binding {n.name!r} refers to itself", n.span)
         if n.name not in self.let_values:
+            if len(self.active) >= limits.MAX_EXPR_DEPTH:
+                raise err(SemanticError, f"let-bindings nested too deeply (more than "
+                          f"{limits.MAX_EXPR_DEPTH} use one another); the limit is "
+                          f"{limits.MAX_EXPR_DEPTH} (polyc.limits.MAX_EXPR_DEPTH)", n.span)
             self.active.add(n.name)
             self.let_values[n.name] = self.value(self.lets[n.name].value)
             self.active.discard(n.name)
@@ -155,7 +206,9 @@ class ExprLowering:
         if e.name in TC_BUILTINS:
             raise err(UnsupportedError, f"built-in function {e.name!r} is not supported by "
                                         f"polyc", e.span)
-        raise err(SemanticError, f"unknown tensor or function {e.name!r}", e.span)
+        known = [*self.scope.tensors, *E.BUILTINS, *DTYPE_OF]
+        raise err(SemanticError, f"unknown tensor or function {e.name!r}"
+                                 f"{P.did_you_mean(e.name, known)}", e.span)
 
     def read(self, name: str, args: tuple[P.Expr, ...], span: P.Span) -> E.Read:
         t = self.scope.tensors[name]
@@ -192,7 +245,8 @@ class ExprLowering:
     def dim_of(self, e: P.DimOf) -> E.Expr:
         t = self.scope.tensors.get(e.tensor)
         if t is None:
-            raise err(SemanticError, f"unknown tensor {e.tensor!r}", e.span)
+            raise err(SemanticError, f"unknown tensor {e.tensor!r}"
+                                     f"{P.did_you_mean(e.tensor, self.scope.tensors)}", e.span)
         if t.shape is None:
             raise err(SemanticError, f"the shape of {e.tensor!r} is not known yet", e.span)
         if not 0 <= e.dim < len(t.shape):
@@ -213,7 +267,7 @@ def lower_size_expr(scope: Scope, e: P.Expr) -> E.Expr:
     x = E.map_expr(ExprLowering(Scope(scope.sizes, scope.tensors)).value(e), _int_division)
     for n in sorted(E.free_names(x)[0]):
         raise err(SemanticError, f"range bound {E.show(x)} uses {n!r}, which is not a size "
-                                 f"of the signature", start(e))
+                                 f"of the signature{P.did_you_mean(n, scope.sizes)}", start(e))
     if E.reads(x) or not E.is_affine(x):
         raise err(SemanticError, f"range bound {E.show(x)} is not an affine expression of "
                                  f"sizes (constants, size names, T.k)", start(e))

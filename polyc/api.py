@@ -14,6 +14,7 @@ import islpy as isl
 import numpy as np
 
 from . import pipeline
+from .codegen.runtime import check_array_sizes
 from .ir import Kernel
 from .options import Options
 
@@ -57,6 +58,9 @@ class Operator:
         no input dimension determines (e.g. a ``where i in 0:M`` range)."""
         arrays = pipeline.check_inputs(self.kernel, inputs)
         bound = pipeline.bind_sizes(self.kernel, arrays, sizes)
+        # before compiling for these sizes: an output too big for the machine is refused
+        # at once (the library checks its temporaries too, once they are known)
+        check_array_sizes(self.kernel, bound, self.kernel.outputs)
         outs = self.compiled_for(bound).run(arrays, bound)
         return outs[0] if len(outs) == 1 else tuple(outs)
 

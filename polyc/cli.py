@@ -8,6 +8,10 @@
                                # build/model.so, .h, .c and .weights (the model's weights)
     polyc compile model.onnx --tune [SECONDS]    # auto-tune each kernel (cached per machine)
     polyc tune model.onnx [--budget SECONDS]     # tune only, a line per kernel
+
+The language comes from the extension: ``.tc`` is the TC language, ``.onnx`` an ONNX
+model; any other extension is refused unless ``--lang tc|onnx`` says which it is. A file
+that is not what its extension (or ``--lang``) says is refused with a message saying so.
 """
 from __future__ import annotations
 
@@ -16,10 +20,12 @@ import os
 import shutil
 import sys
 
-from .errors import PolycError, ToolchainError
+from .errors import ParseError, PolycError, ToolchainError
 from .options import FUSION_MODES, Options
 
 EMITS = ("lib", "c", "header", "schedule", "ir", "deps")
+#: the language of each accepted file extension
+LANGUAGES = {".tc": "tc", ".onnx": "onnx"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compile", help="compile a .tc file or an .onnx model into a shared "
                        "library and a header")
-    c.add_argument("file", help="a TC-language source file, or an ONNX model (.onnx)")
+    c.add_argument("file", help="a TC-language source file (.tc), or an ONNX model (.onnx)")
+    c.add_argument("--lang", choices=sorted(set(LANGUAGES.values())),
+                   help="the language of FILE (default: from its extension)")
     c.add_argument("-o", "--output", default="build", help="output directory (default: build/)")
     c.add_argument("--name", help="the def to compile when the file has several; for a model, "
                    "the C prefix and file name (default: the file's stem)")
@@ -54,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                    "cached per machine in the cache directory)")
     t = sub.add_parser("tune", help="auto-tune the kernels of a model (or of a .tc def with "
                        "--sizes) into the tuning cache; prints a line per kernel")
-    t.add_argument("file", help="an ONNX model (.onnx) or a TC-language source file")
+    t.add_argument("file", help="an ONNX model (.onnx) or a TC-language source file (.tc)")
+    t.add_argument("--lang", choices=sorted(set(LANGUAGES.values())),
+                   help="the language of FILE (default: from its extension)")
     t.add_argument("--name", help="the def to tune when a .tc file has several")
     t.add_argument("--shape", action="append", default=[], metavar="INPUT=D0,D1,...")
     t.add_argument("--sizes", default="", help="(.tc) the sizes, e.g. M=128,N=64")
@@ -95,6 +105,56 @@ def _sizes(text: str) -> dict[str, int]:
                              f"got {item!r}")
         out[name.strip()] = int(value)
     return out
+
+
+def _language(args: argparse.Namespace) -> str:
+    """``tc`` or ``onnx``: ``--lang``, else from the extension (others are refused)."""
+    if args.lang:
+        return args.lang
+    ext = os.path.splitext(args.file)[1]
+    if ext.lower() in LANGUAGES:
+        return LANGUAGES[ext.lower()]
+    shown = f"the extension {ext!r}" if ext else "a file name without an extension"
+    accepted = " and ".join(f"{e} ({'TC language' if lang == 'tc' else 'ONNX model'})"
+                            for e, lang in LANGUAGES.items())
+    raise SystemExit(f"polyc: error: {args.file}: cannot tell the language from {shown}: "
+                     f"polyc reads {accepted} files; rename the file or pass --lang tc or "
+                     f"--lang onnx")
+
+
+def _looks_binary(data: bytes) -> bool:
+    if b"\0" in data[:4096]:
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _read_tc(path: str) -> str:
+    """The text of a TC source; a binary file (an ONNX model?) is refused clearly."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if _looks_binary(data):
+        hint = " (it looks like an ONNX model: name it .onnx or pass --lang onnx)" \
+            if data[:1] == b"\x08" else ""
+        raise ParseError(f"not a TC-language source: the file is binary, not UTF-8 "
+                         f"text{hint}")
+    return data.decode("utf-8")
+
+
+def _check_onnx(path: str) -> None:
+    """An ONNX model is binary protobuf; TC-language text is refused clearly (anything
+    else is left to the ONNX reader, which says what is wrong)."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if not _looks_binary(head):
+        text = "\n".join(ln for ln in head.decode("utf-8").splitlines()
+                         if not ln.lstrip().startswith("#"))
+        if text.lstrip().startswith("def"):
+            raise ParseError("not an ONNX model: the file is TC-language text (name it .tc "
+                             "or pass --lang tc)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,21 +225,29 @@ def _compile_onnx(args: argparse.Namespace) -> int:
 
 def _compile(args: argparse.Namespace) -> int:
     from . import pipeline
+    from .codegen.toolchain import file_stem
+    from .errors import CompileError
     from .frontend import from_tc
+    from .frontend.tc_parser import did_you_mean
 
-    if args.file.endswith(".onnx"):
+    if _language(args) == "onnx":
+        _check_onnx(args.file)
         return _compile_onnx(args)
     if args.shape:
         raise SystemExit("polyc: error: --shape is for .onnx models (a .tc file takes --sizes)")
-    with open(args.file) as f:
-        source = f.read()
+    source = _read_tc(args.file)
     options = _options(args, bool(args.sizes))
-    kernel = from_tc(source, args.name)
+    try:
+        kernel = from_tc(source, args.name)
+    except CompileError as e:
+        raise e.attach_source(source)
     sizes = _sizes(args.sizes)
     unknown = set(sizes) - set(kernel.sizes)
     if unknown:
+        hints = "".join(f"; {n!r}{did_you_mean(n, kernel.sizes)}" for n in sorted(unknown)
+                        if did_you_mean(n, kernel.sizes))
         raise SystemExit(f"polyc: error: --sizes names unknown sizes {sorted(unknown)}; "
-                         f"{kernel.name} has {list(kernel.sizes)}")
+                         f"{kernel.name} has {list(kernel.sizes)}{hints}")
     if sizes:
         kernel = kernel.specialize(sizes)
     emit = args.emit
@@ -196,7 +264,7 @@ def _compile(args: argparse.Namespace) -> int:
         print(compiled.deps_text)
     else:
         os.makedirs(args.output, exist_ok=True)
-        base = os.path.join(args.output, kernel.name)
+        base = os.path.join(args.output, file_stem(kernel.name))
         shutil.copyfile(compiled.library_path, base + ".so")
         with open(base + ".h", "w") as f:
             f.write(compiled.header)
@@ -209,16 +277,21 @@ def _compile(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from . import tune
     from .codegen.model import kernel_key
+    from .errors import CompileError
     from .frontend import from_tc
 
     options = Options(threads=args.threads, tune=args.budget or True)
-    if args.file.endswith(".onnx"):
+    if _language(args) == "onnx":
         from . import model
+        _check_onnx(args.file)
         program = model.lower_onnx(args.file, _shapes(args.shape) or None)
         kernels = list({kernel_key(s.kernel): s.kernel for s in program.steps}.values())
     else:
-        with open(args.file) as f:
-            kernel = from_tc(f.read(), args.name)
+        source = _read_tc(args.file)
+        try:
+            kernel = from_tc(source, args.name)
+        except CompileError as e:
+            raise e.attach_source(source)
         kernels = [kernel.specialize(_sizes(args.sizes))]
     skipped = 0
     for kernel in kernels:

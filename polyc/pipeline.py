@@ -24,6 +24,7 @@ import islpy as isl
 from . import check
 from .codegen import CompiledFunction, CSource, bind_sizes, build_shared, generate_c
 from .codegen.runtime import check_inputs
+from .codegen.toolchain import file_stem
 from .deps import Dependences, compute_dependences
 from .errors import CompileError, InternalError, PolycWarning, ScheduleError
 from .ir import Kernel
@@ -92,7 +93,8 @@ class _Stages:
         self.count += 1
         if self.options.dump_dir:
             os.makedirs(self.options.dump_dir, exist_ok=True)
-            path = os.path.join(self.options.dump_dir, f"{self.name}-{self.count:02d}-{stage}.txt")
+            path = os.path.join(self.options.dump_dir,
+                                f"{file_stem(self.name)}-{self.count:02d}-{stage}.txt")
             with open(path, "w") as f:
                 f.write(show(value) + "\n")
         return value

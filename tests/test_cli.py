@@ -247,3 +247,46 @@ def test_name_picks_a_def(tmp_path):
     done = polyc("compile", str(src), "--name", "copy", "--emit", "ir")
     assert done.returncode == 0, done.stderr
     assert "kernel copy(X) -> (Y)" in done.stdout
+
+
+def test_error_shows_the_source_line_and_a_caret(tmp_path):
+    bad = tmp_path / "typo.tc"
+    bad.write_text("def f(float(N) A) -> (B) {\n    B(i) = Bb(i)\n}\n")
+    done = polyc("compile", str(bad), "--emit", "c")
+    assert_clean_failure(done, code=1)
+    lines = done.stderr.splitlines()
+    assert lines[0] == f"polyc: error: {bad}:2:12: unknown tensor or function 'Bb' " \
+                       "(did you mean 'B'?)", done.stderr
+    assert lines[1:3] == ["        B(i) = Bb(i)", "               ^"], done.stderr
+
+
+@pytest.mark.parametrize("name", ["model.txt", "matmul", "m.c"])
+def test_unknown_extension_is_refused(tmp_path, name):
+    src = tmp_path / name
+    src.write_text(open(MATMUL_TC).read())
+    done = polyc("compile", str(src), "--emit", "ir")
+    assert_clean_failure(done)
+    assert "cannot tell the language" in done.stderr, done.stderr
+    for word in (".tc", ".onnx", "--lang tc", "--lang onnx"):
+        assert word in done.stderr, done.stderr
+    ok = polyc("compile", str(src), "--lang", "tc", "--emit", "ir")
+    assert ok.returncode == 0, ok.stderr
+    assert "kernel matmul(A, B) -> (C)" in ok.stdout
+
+
+def test_onnx_model_named_tc_is_refused(tmp_path):
+    fake = tmp_path / "mlp.tc"
+    fake.write_bytes(open(os.path.join(ROOT, "examples", "mlp.onnx"), "rb").read())
+    done = polyc("compile", str(fake), "--emit", "c")
+    assert_clean_failure(done, code=1)
+    assert f"{fake}: not a TC-language source: the file is binary" in done.stderr, done.stderr
+    assert "--lang onnx" in done.stderr
+
+
+def test_tc_text_named_onnx_is_refused(tmp_path):
+    fake = tmp_path / "matmul.onnx"
+    fake.write_text(open(MATMUL_TC).read())
+    done = polyc("compile", str(fake), "--emit", "c")
+    assert_clean_failure(done, code=1)
+    assert f"{fake}: not an ONNX model: the file is TC-language text" in done.stderr
+    assert "--lang tc" in done.stderr

@@ -37,7 +37,30 @@ TC_ERRORS = [
     ("def (float(N) A) -> (B) {}", ParseError, r"^1:5: expected the name of the def"),
     ("def f(float(N) A) -> (B) { B(i) = A.x }", ParseError,
      r"^1:37: expected a dimension number after 'A.'"),
+    (body("B(i) = float(A(i), 2)"), ParseError, r"^2:8: a cast to float takes one argument, "
+     r"found 2"),
+    ("def f(flot(N) A) -> (B) { B(i) = A(i) }", ParseError,
+     r"^1:7: unknown type 'flot' \(did you mean 'float'\?\)"),
+    ("def f(float(N) A) -> (int33(N) B) { B(i) = A(i) }", ParseError,
+     r"^1:23: unknown type 'int33' \(did you mean 'int32'\?\)"),
+    ("def f(float(N) A) -> (B) { B(i) = A(i) ", ParseError,
+     r"^1:40: expected a statement .* or '}', found end of input"),
+    ("def f(float(N A) -> (B) { B(i) = A(i) }", ParseError, r"^1:15: expected '\)', found 'A'"),
+    # empty defs
+    ("def f() -> () {}", SemanticError, r"^1:9: def 'f' has no outputs"),
+    ("def f(float(N) A) -> (B) {}", SemanticError, r"^1:26: def 'f' has no statements"),
     # names, ranks, operators
+    (body("B(i) = Bb(i)"), SemanticError,
+     r"^2:8: unknown tensor or function 'Bb' \(did you mean 'B'\?\)"),
+    (body("B(i) = sqr(A(i))"), SemanticError,
+     r"^2:8: unknown tensor or function 'sqr' \(did you mean 'sqrt'\?\)"),
+    (body("B(i) = A(i) + AA.0"), SemanticError,
+     r"^2:15: unknown tensor 'AA' \(did you mean 'A'\?\)"),
+    (body("B(i) = A(i) where exists AA(i)"), SemanticError,
+     r"^2:26: unknown tensor 'AA' in exists clause \(did you mean 'A'\?\)"),
+    (body("B(i) = A(i) where i in 0:NN", sig="float(NN1) A"), SemanticError,
+     r"^2:26: range bound NN uses 'NN', which is not a size of the signature "
+     r"\(did you mean 'NN1'\?\)"),
     (body("B(i) = C(i)"), SemanticError, r"^2:8: unknown tensor or function 'C'"),
     (body("B(i) = foo(A(i))"), SemanticError, r"^2:8: unknown tensor or function 'foo'"),
     (body("B(i) = exp(A(i), 2)"), SemanticError, r"^2:8: exp takes 1 argument\(s\), got 2"),
@@ -117,7 +140,13 @@ TC_ERRORS = [
 def test_tc_error(source, cls, regex):
     with pytest.raises(cls, match=regex) as info:
         from_tc(source, "f")
-    assert info.value.line is not None and info.value.col is not None
+    e = info.value
+    assert e.line is not None and e.col is not None
+    # the source line follows the message, with a caret under the column
+    assert e.source_line == source.split("\n")[e.line - 1]
+    first, shown, caret = str(e).split("\n")
+    assert first.startswith(f"{e.line}:{e.col}: ") and shown == "    " + e.source_line
+    assert caret == "    " + " " * (e.col - 1) + "^"
 
 
 def test_def_selection_errors():

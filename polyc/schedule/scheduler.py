@@ -29,6 +29,7 @@ from collections.abc import Iterator
 import islpy as isl
 
 from ..deps import Dependences
+from ..errors import SemanticError
 from ..ir import Kernel, Statement
 from ..options import Options
 
@@ -94,6 +95,9 @@ def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
 
 def compute_schedule(kernel: Kernel, deps: Dependences, options: Options) -> isl.Schedule:
     """A legal schedule tree for ``kernel`` under ``options.fusion`` (untiled, unmarked)."""
+    if not kernel.statements:  # the TC parser refuses such a def; a hand-made IR may not
+        raise SemanticError(f"kernel {kernel.name!r} has no statements: there is nothing "
+                            "to schedule")
     groups = fusion_groups(kernel, options.fusion)
     parts = [_schedule_group(kernel, deps, g, options.fusion == "max") for g in groups]
     if len(parts) == 1:
