@@ -181,33 +181,34 @@ def check_array_sizes(kernel: Kernel, sizes: Mapping[str, int],
     env = dict(sizes)
     if allocated is None:
         allocated = [a.name for a in kernel.arrays if a.role != "input"]
-    limit_bytes, origin = limits.max_array_bytes(), limits.max_array_bytes_origin()
+    limit_bytes = limits.max_array_bytes()
     total, parts = 0, []
     for arr in kernel.arrays:
         shape = tuple(E.evaluate(d, env) for d in arr.shape)
         elements = 1
         for n in shape:
             elements *= n
-        what = f"{kernel.name}: array {arr.name!r} of shape {shape}"
         if elements > limits.MAX_ARRAY_ELEMENTS:
-            raise CallError(f"{what} has {elements} elements; the limit is "
-                            f"{limits.MAX_ARRAY_ELEMENTS} = 2**48 "
-                            f"(polyc.limits.MAX_ARRAY_ELEMENTS) with {_show(sizes)}")
+            raise CallError(f"{kernel.name}: array {arr.name!r} of shape {shape} has "
+                            f"{elements} elements; the limit is {limits.MAX_ARRAY_ELEMENTS} "
+                            f"= 2**48 (polyc.limits.MAX_ARRAY_ELEMENTS) with {_show(sizes)}")
         if arr.name not in allocated:
             continue
         nbytes = elements * NUMPY_DTYPES[arr.dtype].itemsize
         if nbytes > limit_bytes:
-            raise CallError(f"{what} needs {_bytes(nbytes)} ({elements} elements of "
-                            f"{arr.dtype}), more than the limit of {_bytes(limit_bytes)} "
-                            f"(polyc.limits.max_array_bytes(): {origin}) with "
+            raise CallError(f"{kernel.name}: array {arr.name!r} of shape {shape} needs "
+                            f"{_bytes(nbytes)} ({elements} elements of {arr.dtype}), more "
+                            f"than the limit of {_bytes(limit_bytes)} (polyc.limits."
+                            f"max_array_bytes(): {limits.max_array_bytes_origin()}) with "
                             f"{_show(sizes)}")
         total += nbytes
-        parts.append(f"{arr.name} {_bytes(nbytes)}")
+        parts.append((arr.name, nbytes))
     if total > limit_bytes:
+        listed = ", ".join(f"{name} {_bytes(n)}" for name, n in parts)
         raise CallError(f"{kernel.name}: the arrays a call allocates need {_bytes(total)} "
-                        f"together ({', '.join(parts)}), more than the limit of "
-                        f"{_bytes(limit_bytes)} (polyc.limits.max_array_bytes(): {origin}) "
-                        f"with {_show(sizes)}")
+                        f"together ({listed}), more than the limit of "
+                        f"{_bytes(limit_bytes)} (polyc.limits.max_array_bytes(): "
+                        f"{limits.max_array_bytes_origin()}) with {_show(sizes)}")
 
 
 def _bytes(n: int) -> str:

@@ -47,6 +47,9 @@ class Operator:
         with self._lock:
             found = self._compiled.get(key)
             if found is None:
+                # before compiling for these sizes: an output too big for the machine is
+                # refused at once (each call checks its temporaries too, in the runtime)
+                check_array_sizes(self.kernel, sizes, self.kernel.outputs)
                 kernel = self.kernel.specialize(sizes) if self.options.specialize else self.kernel
                 found = pipeline.compile_kernel(kernel, self.options)
                 self._compiled[key] = found
@@ -58,9 +61,6 @@ class Operator:
         no input dimension determines (e.g. a ``where i in 0:M`` range)."""
         arrays = pipeline.check_inputs(self.kernel, inputs)
         bound = pipeline.bind_sizes(self.kernel, arrays, sizes)
-        # before compiling for these sizes: an output too big for the machine is refused
-        # at once (the library checks its temporaries too, once they are known)
-        check_array_sizes(self.kernel, bound, self.kernel.outputs)
         outs = self.compiled_for(bound).run(arrays, bound)
         return outs[0] if len(outs) == 1 else tuple(outs)
 

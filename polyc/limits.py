@@ -10,6 +10,7 @@ after reading only as far as the limit.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 #: depth of an expression: nested parentheses, calls, unary operators, ``?:`` branches,
@@ -64,6 +65,11 @@ def max_array_bytes() -> int:
     env = os.environ.get("POLYC_MAX_ARRAY_BYTES", "").strip()
     if env.isdigit():
         return int(env)
+    return _physical_memory()
+
+
+@functools.lru_cache(maxsize=1)
+def _physical_memory() -> int:
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, OSError, ValueError):
