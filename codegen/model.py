@@ -13,6 +13,7 @@ table, and the public functions::
     int  <m>_run(const <m>_model *, inputs..., outputs...)
     int  <m>_run_with_workspace(const <m>_model *, void *workspace, inputs..., outputs...)
     void <m>_free(<m>_model *)
+    const char *<m>_last_error(void)     why the calling thread's last run failed
     size_t <m>_workspace_size(void), and name/dtype/rank/shape queries
 
 ``run`` allocates the arena (:mod:`.memplan`) for the call and frees it, so concurrent
@@ -21,7 +22,9 @@ on pointers into the caller's inputs/outputs, the weights or the arena. An outpu
 buffer is zeroed before its step only when its kernel reads the initial value of some
 element (the kernel contract: outputs start at zero) -- see
 :func:`.initial_values.reads_initial_values` (the analysis that also decides which kernel
-temporaries are zeroed).
+temporaries are zeroed). The program's index checks (:class:`polyc.program.IndexCheck`)
+run between the steps: a loop over the index buffer that, on a value out of range,
+stops the run with status 4 and a message naming the node (``<m>_last_error``).
 """
 from __future__ import annotations
 

@@ -16,7 +16,15 @@ ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
 STATUS_DOC = """\
 run returns 0 on success, 1 when an argument is NULL (or the workspace is NULL or not
-64-byte aligned), 2 when memory cannot be allocated, 3 on an internal error."""
+64-byte aligned), 2 when memory cannot be allocated, 3 on an internal error, 4 when an
+input value is out of range (an index a Gather reads at run time: ONNX makes it an
+error; the outputs are then unspecified). After a failed run, {m}_last_error() returns
+a message saying why (for 4: the node, the index, its position and the valid range);
+it is "" after a successful run. The message is per thread: it describes the last run
+made by the calling thread."""
+
+#: the status of a run that found an index out of range
+STATUS_INDEX = 4
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ def _declarations(p: Parts) -> list[str]:
         f"int {m}_run(const {m}_model *model{sep}{args});",
         f"int {m}_run_with_workspace(const {m}_model *model, void *workspace{sep}{args});",
         f"size_t {m}_workspace_size(void);",
+        f"const char *{m}_last_error(void);",
         f"int {m}_num_inputs(void);",
         f"int {m}_num_outputs(void);",
         *[f"{q}{m}_{role}_{what}(int i);"
@@ -86,7 +95,7 @@ def header(p: Parts) -> str:
            f"  {m}_free(model);", "", *io, "",
            "Arrays are dense and row-major (C order) and must not overlap; outputs are",
            "overwritten. The library needs only libc, libm and the OpenMP runtime.",
-           *STATUS_DOC.splitlines(),
+           *STATUS_DOC.format(m=m).splitlines(),
            f"run allocates a workspace of {m}_workspace_size() bytes per call;",
            "run_with_workspace uses the caller's (64-byte aligned, that many bytes).",
            "Runs on one model may proceed concurrently from several threads: a model",
@@ -146,8 +155,8 @@ def _main_unit(p: Parts, kernels: list[str], prototypes: list[str]) -> str:
     return "\n".join([
         _comment(doc), header(p), PRELUDE, "#include <stdio.h>", "",
         f"struct {p.prefix}_model {{\n  unsigned char *weights;  /* the weights file's data "
-        "region, 64-byte aligned */\n};", "", *extern, *kernels, _weights_code(p), _steps(p),
-        _api(p), _queries(p)])
+        "region, 64-byte aligned */\n};", "", *extern, *kernels, _weights_code(p),
+        _errors_code(p), _steps(p), _api(p), _queries(p)])
 
 
 #: the linkage of a kernel defined in one translation unit and called from another:
@@ -302,7 +311,8 @@ class _Pointers:
 
     def __init__(self, p: Parts):
         self.p = p
-        self.namer = Namer({"model", "workspace"} | {t.cname for t in p.inputs + p.outputs})
+        self.namer = Namer({"model", "workspace"} | set(_CHECK_LOCALS)
+                           | {t.cname for t in p.inputs + p.outputs})
         self.decls: list[str] = []
         self.exprs: dict[str, tuple[str, bool]] = {}  # buffer -> (C expression, const)
         self.uses_weights = self.uses_arena = False
@@ -344,15 +354,23 @@ def _steps(p: Parts) -> str:
     ptr = _Pointers(p)
     body: list[str] = []
     calls = dict(p.calls)
+    checks = prog.checks
     for s, step in enumerate(prog.steps):
         origin = ", ".join(step.origin) or step.kernel.name
         body.append(f"  /* step {s}: {_safe(origin)} */")
+        for c in checks:
+            if c.step == s and not c.after_step:
+                body += _check_code(c, prog, ptr)
         for a in p.zero.get(s, []):
             b = prog.buffer(a)
             body.append(f"  memset({ptr.get(a)[0]}, 0, {b.size * ITEMSIZE[b.dtype]}u);")
         args = ", ".join(ptr.get(a)[0] for a in step.args)
         body += [f"  polyc_status = {calls[s]}({args});",
-                 "  if (polyc_status != 0)", "    return polyc_status == 2 ? 2 : 3;"]
+                 "  if (polyc_status != 0)",
+                 f'    return polyc_step_failed(polyc_status, "{_c_string(calls[s])}");']
+        for c in checks:
+            if c.step == s and c.after_step:
+                body += _check_code(c, prog, ptr)
     for i, src in p.copies:
         out = p.outputs[i]
         size = prog.buffer(prog.outputs[i]).size * ITEMSIZE[out.dtype]
@@ -374,6 +392,95 @@ def _steps(p: Parts) -> str:
         "  return 0;", "}", ""])
 
 
+#: names of the locals a check declares inside ``polyc_steps`` (kept from buffers)
+_CHECK_LOCALS = ("polyc_check_p", "polyc_check_i", "polyc_check_bad")
+
+
+def _check_code(c, prog: Program, ptr: _Pointers) -> list[str]:
+    """C lines checking one :class:`polyc.program.IndexCheck`: one branch-free pass
+    over the buffer; only after a failure, a second pass finds the first bad element
+    and the message is written."""
+    buf = prog.buffer(c.buffer)
+    ct = CTYPES[buf.dtype]
+    expr = ptr.get(c.buffer)[0]
+    p, i, bad = _CHECK_LOCALS
+    shape = ("(const int64_t[]){" + ", ".join(str(d) for d in buf.shape) + "}"
+             if buf.shape else "NULL")
+    out = f"((int64_t){p}[{i}] < INT64_C({c.low})) | ((int64_t){p}[{i}] > INT64_C({c.high}))"
+    return [
+        f"  {{  /* index check: every value of {_safe(repr(c.buffer))} in "
+        f"[{c.low}, {c.high}] */",
+        f"    const {ct} *const {p} = {expr};",
+        f"    int {bad} = 0;",
+        f"    for (size_t {i} = 0; {i} < {buf.size}u; {i}++)",
+        f"      {bad} |= {out};",
+        f"    if ({bad}) {{",
+        f"      size_t {i} = 0;",
+        f"      while (!({out}))",
+        f"        {i}++;",
+        f'      return polyc_index_error("{_c_string(c.prefix)}", (long long){p}[{i}], {i},',
+        f'                               {shape}, {len(buf.shape)}, '
+        f'"{_c_string(c.suffix)}");',
+        "    }",
+        "  }"]
+
+
+def _errors_code(p: Parts) -> str:
+    """The run's error message (per thread) and the functions that set it (each only
+    where used: the library may be built with -Wall -Werror)."""
+    m = p.prefix
+    kernel_failed = f"""
+static int polyc_step_failed(int status, const char *kernel)
+{{
+  if (status == 2) {{
+    snprintf(polyc_run_error, sizeof polyc_run_error,
+             "{_c_string(m)}_run: out of memory in the kernel %s", kernel);
+    return 2;
+  }}
+  snprintf(polyc_run_error, sizeof polyc_run_error,
+           "{_c_string(m)}_run: internal error: the kernel %s returned %d", kernel, status);
+  return 3;
+}}
+""" if p.program.steps else ""
+    index_error = f"""
+/* an index out of range: the message is prefix, value, " at [i, j..]", suffix */
+static int polyc_index_error(const char *prefix, long long value, size_t flat,
+                             const int64_t *shape, int rank, const char *suffix)
+{{
+  char at[160];
+  size_t used = 0;
+  at[0] = '\\0';
+  for (int d = 0; d < rank && used < sizeof at; d++) {{
+    uint64_t stride = 1;
+    for (int e = d + 1; e < rank; e++)
+      stride *= (uint64_t)shape[e];
+    int n = snprintf(at + used, sizeof at - used, "%s%llu", d ? ", " : "",
+                     (unsigned long long)((flat / stride) % (uint64_t)shape[d]));
+    if (n < 0)
+      break;
+    used += (size_t)n;
+  }}
+  snprintf(polyc_run_error, sizeof polyc_run_error, "%s%lld at [%s]%s", prefix, value, at,
+           suffix);
+  return {STATUS_INDEX};
+}}
+""" if p.program.checks else ""
+    return f"""/* the message of the last failed run of this thread ({m}_last_error) */
+static _Thread_local char polyc_run_error[512];
+
+static int polyc_run_fail(int status, const char *message)
+{{
+  snprintf(polyc_run_error, sizeof polyc_run_error, "%s", message);
+  return status;
+}}
+{kernel_failed}{index_error}
+const char *{m}_last_error(void)
+{{
+  return polyc_run_error;
+}}
+"""
+
+
 def _api(p: Parts) -> str:
     m, arena = p.prefix, p.plan.arena_bytes
     names = [t.cname for t in p.inputs + p.outputs]
@@ -381,8 +488,12 @@ def _api(p: Parts) -> str:
     sep = ", " if _params(p) else ""
     null = " || ".join(["!model"] + [f"!{n}" for n in names])
     ws_check = f" || !workspace || (uintptr_t)workspace % {ALIGN} != 0" if arena else ""
-    alloc = (f"\n  if (!(arena = aligned_alloc({ALIGN}, {arena}u)))\n    return 2;"
-             if arena else "")
+    null_msg = f'"{_c_string(m)}_run: an argument is NULL"'
+    ws_msg = f'"{_c_string(m)}_run_with_workspace: an argument is NULL' + \
+        (f', or the workspace is NULL or not {ALIGN}-byte aligned"' if arena else '"')
+    oom = f'"{_c_string(m)}_run: cannot allocate the workspace ({arena} bytes)"'
+    alloc = (f"\n  if (!(arena = aligned_alloc({ALIGN}, {arena}u)))\n"
+             f"    return polyc_run_fail(2, {oom});" if arena else "")
     return f"""size_t {m}_workspace_size(void)
 {{
   return {arena}u;
@@ -390,8 +501,9 @@ def _api(p: Parts) -> str:
 
 int {m}_run_with_workspace(const {m}_model *model, void *workspace{sep}{_params(p)})
 {{
+  polyc_run_error[0] = '\\0';
   if ({null}{ws_check})
-    return 1;
+    return polyc_run_fail(1, {ws_msg});
   return polyc_steps(model, (unsigned char *)workspace{args});
 }}
 
@@ -399,8 +511,9 @@ int {m}_run(const {m}_model *model{sep}{_params(p)})
 {{
   unsigned char *arena = NULL;
   int status;
+  polyc_run_error[0] = '\\0';
   if ({null})
-    return 1;{alloc}
+    return polyc_run_fail(1, {null_msg});{alloc}
   status = polyc_steps(model, arena{args});
   free(arena);
   return status;

@@ -26,6 +26,15 @@ from .toolchain import build_model_library
 from .weights import WeightsError, check_weights_file, digest, write_atomically
 
 
+class RunError(CallError):
+    """A run of a compiled model failed on the values of its inputs (an index out of
+    range); the message is the library's ``<model>_last_error()``: it names the node."""
+
+    def __init__(self, message: str, status: int):
+        self.status = status
+        super().__init__(message)
+
+
 @dataclass(frozen=True)
 class ModelFiles:
     library: str
@@ -80,6 +89,9 @@ class ModelLibrary:
         self._run = getattr(lib, f"{m}_run")
         self._run.restype = ctypes.c_int
         self._run.argtypes = [ctypes.c_void_p] * (1 + len(source.inputs) + len(source.outputs))
+        self._last_error = getattr(lib, f"{m}_last_error", None)
+        if self._last_error is not None:
+            self._last_error.restype, self._last_error.argtypes = ctypes.c_char_p, []
         self._handle: int | None = None
         if getattr(lib, f"{m}_num_inputs")() != len(source.inputs):
             raise InternalError(f"{library_path} does not match the generated source")
@@ -137,10 +149,16 @@ class ModelLibrary:
         return self.run(check_feed(self._inputs, feed))
 
     def _failed(self, status: int) -> None:
+        # the message is per thread, and ctypes calls from this thread: it is this run's
+        message = self._last_error().decode("utf-8", "replace") if self._last_error else ""
+        if status == 4:
+            raise RunError(message or f"{self.source.name}_run: an input value is out of "
+                                      f"range (status 4)", status)
         if status == 2:
-            raise MemoryError(f"{self.source.name}_run: out of memory "
+            raise MemoryError(message or f"{self.source.name}_run: out of memory "
                               f"(workspace {self.source.plan.arena_bytes} bytes)")
-        raise PolycError(f"{self.source.name}_run failed with status {status}")
+        raise PolycError(f"{self.source.name}_run failed with status {status}"
+                         + (f": {message}" if message else ""))
 
     def close(self) -> None:
         handle, self._handle = getattr(self, "_handle", None), None

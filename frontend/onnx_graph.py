@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from polyc.errors import CompileError
+from polyc.program import IndexCheck
 
 
 class UnsupportedOpError(CompileError):
@@ -69,8 +70,13 @@ class Graph:
 
 @dataclass(frozen=True)
 class Lowered:
-    """TC statements computing a node's outputs (names from ``LowerContext.name``)."""
+    """TC statements computing a node's outputs (names from ``LowerContext.name``).
+
+    ``checks``: run-time checks of index values the statements read (a Gather's
+    runtime indices), each a :class:`polyc.program.IndexCheck` whose ``buffer`` is a
+    graph tensor (its ``step`` is filled in by the lowering driver)."""
     statements: tuple[str, ...] | list[str]
+    checks: tuple[IndexCheck, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,12 @@ values. Where shape inference cannot see through a shape computation (``Shape`` 
 ``Gather`` -> ``Concat`` -> ``Reshape``), constant subgraphs are evaluated and shape
 inference runs again.
 
+Before any of that, opsets newer than polyc implements and custom domains are refused,
+and declared shapes with negative extents; while the Graph is built, each node is
+validated against its op's semantics (:mod:`.onnx_validate`: shapes declared or
+inferred must be those the op computes from its inputs, axes and constant indices in
+range), so that a bad model is refused here with the node, tensors and shapes named.
+
 Every failure is a :class:`polyc.errors.CompileError` that names the file, the tensor
 or the node: never a protobuf or onnx traceback.
 """
@@ -26,6 +32,8 @@ from onnx import TensorProto, helper, numpy_helper
 from polyc.errors import CompileError
 
 from .onnx_graph import Graph, Node, TensorInfo, UnsupportedOpError
+from .onnx_validate import OnnxValidationError, check_declared_dims, check_opsets, \
+    check_outputs, expected_outputs
 
 #: ONNX element type -> polyc dtype
 DTYPES = {TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64",
@@ -107,14 +115,10 @@ def _opset(proto: onnx.ModelProto) -> int:
     return 1
 
 
-def _check_domains(proto: onnx.ModelProto) -> None:
-    bad = [(n.name or f"{n.op_type}_{i}", n.domain, n.op_type)
-           for i, n in enumerate(proto.graph.node) if n.domain not in STANDARD_DOMAINS]
-    if bad:
-        listed = "; ".join(f"node {name!r} ({dom}.{op})" for name, dom, op in bad[:20])
-        more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
-        raise UnsupportedOpError(f"custom op domains are not supported (only the standard "
-                                 f"ONNX domain): {listed}{more}")
+def _check_domains(proto: onnx.ModelProto, where: str = "the model") -> None:
+    """Opsets newer than polyc implements and non-standard domains used by nodes are
+    refused (:func:`.onnx_validate.check_opsets`)."""
+    check_opsets(proto, where)
 
 
 def _with_output_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -215,26 +219,31 @@ def _apply_shapes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | 
             out.type.tensor_type.ClearField("shape")
 
 
-def _infer_onnx(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+def _infer_onnx(proto: onnx.ModelProto, where: str,
+                strict_errors: list[str] | None = None) -> onnx.ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
                                                  data_prop=True)
-    except Exception:
-        pass
+    except Exception as e:  # kept: it may explain a tensor left without a shape
+        if strict_errors is not None:
+            strict_errors.append(_first_line(e))
     try:
         return onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception as e:
         raise CompileError(f"{where}: onnx shape inference failed: {_first_line(e)}") from None
 
 
-def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+def _infer(proto: onnx.ModelProto, where: str,
+           strict_errors: list[str] | None = None) -> onnx.ModelProto:
     """onnx's shape inference, then pool output shapes corrected (see
-    :func:`_fix_pool_shapes`) and inference run again below each corrected tensor."""
-    proto = _infer_onnx(proto, where)
+    :func:`_fix_pool_shapes`) and inference run again below each corrected tensor.
+    The errors of onnx's strict mode (the lenient mode runs after them) are appended
+    to ``strict_errors``."""
+    proto = _infer_onnx(proto, where, strict_errors)
     for _ in range(len(proto.graph.node) + 1):
         if not _fix_pool_shapes(proto):
             break
-        proto = _infer_onnx(proto, where)
+        proto = _infer_onnx(proto, where, strict_errors)
     return proto
 
 
@@ -462,15 +471,17 @@ def load_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
     (``{"input": [1, 3, 224, 224]}``; on the command line ``--shape input=1,3,224,224``).
     """
     proto, where = read_model(model)
-    _check_domains(proto)
+    _check_domains(proto, where)
     try:
         onnx.checker.check_model(_with_output_shapes(proto))
     except Exception as e:
         raise CompileError(f"{where}: not a valid ONNX model: {_first_line(e)}") from None
     if len(proto.graph.output) == 0:
         raise CompileError(f"{where}: the graph has no outputs")
+    check_declared_dims(proto, where)
     _apply_shapes(proto, shapes, where)
-    proto = _infer(proto, where)
+    strict_errors: list[str] = []
+    proto = _infer(proto, where, strict_errors)
     for _ in range(50):
         infos = _value_infos(proto)
         used = _used_tensors(proto)
@@ -480,7 +491,7 @@ def load_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
         if not _fold_for_shapes(proto):
             break
         proto = _infer(proto, where)
-    return _to_graph(proto, where)
+    return _to_graph(proto, where, strict_errors[0] if strict_errors else None)
 
 
 def _used_tensors(proto: onnx.ModelProto) -> set[str]:
@@ -490,7 +501,9 @@ def _used_tensors(proto: onnx.ModelProto) -> set[str]:
     return used
 
 
-def _to_graph(proto: onnx.ModelProto, where: str) -> Graph:
+def _to_graph(proto: onnx.ModelProto, where: str, strict_error: str | None = None) -> Graph:
+    """The Graph of a shape-inferred model; each node is validated
+    (:mod:`.onnx_validate`) as it is added, before its outputs are looked at."""
     g = proto.graph
     used = _used_tensors(proto)
     opset = _opset(proto)
@@ -506,6 +519,10 @@ def _to_graph(proto: onnx.ModelProto, where: str) -> Graph:
     tensors: dict[str, TensorInfo] = {}
     producer: dict[str, str] = {}
 
+    def shape_of(name: str) -> tuple[int, ...] | None:
+        info = tensors.get(name)
+        return None if info is None else info.shape
+
     def add_tensor(name: str, made_by: str) -> None:
         if not name or name in tensors:
             return
@@ -519,9 +536,11 @@ def _to_graph(proto: onnx.ModelProto, where: str) -> Graph:
             if vi is not None and not vi.type.HasField("tensor_type"):
                 raise UnsupportedOpError(f"tensor {name!r} ({made_by}) is not a tensor "
                                          f"(sequences, maps and optionals are not supported)")
+            said = f" (onnx's strict shape inference says: {strict_error})" \
+                if strict_error else ""
             raise UnsupportedOpError(f"tensor {name!r} ({made_by}) has no inferred type or shape: "
                                f"polyc needs static shapes; onnx's shape inference could not "
-                               f"compute it")
+                               f"compute it{said}")
         elem = vi.type.tensor_type.elem_type
         if elem not in DTYPES:
             raise UnsupportedOpError(f"tensor {name!r} ({made_by}) has dtype "
@@ -534,6 +553,9 @@ def _to_graph(proto: onnx.ModelProto, where: str) -> Graph:
                                      f"{_show_dims(dims)}: it depends on the values of "
                                      f"tensors, and polyc needs every shape known at compile "
                                      f"time")
+        if any(d < 0 for d in dims):  # type: ignore[operator]
+            raise OnnxValidationError(f"tensor {name!r} ({made_by}) has the shape "
+                                      f"{_show_dims(dims)}, with a negative dimension")
         tensors[name] = TensorInfo(name, DTYPES[elem], tuple(int(d) for d in dims))
 
     inputs = [i.name for i in g.input if i.name not in constants]
@@ -566,10 +588,12 @@ def _to_graph(proto: onnx.ModelProto, where: str) -> Graph:
                     add_tensor(x, "initializer")
                 else:
                     add_tensor(x, f"input of node {name!r} ({n.op_type})")
+        expected = expected_outputs(node, shape_of, constants.get, opset)
         for o in node.outputs:
             if o:
                 producer[o] = name
                 add_tensor(o, f"output of node {name!r} ({n.op_type})")
+        check_outputs(node, expected, shape_of, opset)
         nodes.append(node)
     outputs = [o.name for o in g.output]
     for o in outputs:

@@ -13,21 +13,24 @@ one :class:`LowerContext` and joins their TC statements into one ``def``:
 
 Inputs and outputs are declared with their full static types, so shapes are exact. The
 def goes through the TC frontend (``polyc.frontend.from_tc``) into a Kernel: one
-:class:`Step`. A node lowered as a :class:`View` becomes a Program alias. Graph outputs
-that no step writes (a graph input, a constant, a view) get a copy step.
+:class:`Step`; the run-time index checks its lowerings ask for (``Lowered.checks``)
+become the Program's index checks (:class:`~polyc.program.IndexCheck`) of that step.
+A node lowered as a :class:`View` becomes a Program alias (its element count checked).
+Graph outputs that no step writes (a graph input, a constant, a view) get a copy step.
 """
 from __future__ import annotations
 
 import inspect
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from polyc.errors import CompileError, InternalError
 from polyc.inline import inline_pointwise
 from polyc.ir import Kernel
-from polyc.program import Buffer, Program, Step, alias_root
+from polyc.program import Buffer, IndexCheck, Program, Step, alias_root
 
 from .onnx_graph import (
     REGISTRY,
@@ -74,6 +77,19 @@ def check_supported(graph: Graph) -> None:
     raise UnsupportedOpError(
         f"{len(bad)} node(s) use op types polyc does not support ({', '.join(kinds)}):\n"
         f"{listed}{more}\nsupported ops: {', '.join(supported_ops())}")
+
+
+def _check_view(node: Node, view: View, graph: Graph) -> None:
+    """A view's output shares its input's storage: their element counts must agree
+    (the importer's validation says so for every model; this guards graphs built or
+    rewritten otherwise)."""
+    from .onnx_validate import OnnxValidationError
+    x, y = graph.tensors[view.input].shape, graph.tensors[view.output].shape
+    nx, ny = int(np.prod(x, dtype=np.int64)), int(np.prod(y, dtype=np.int64))
+    if nx != ny:
+        raise OnnxValidationError(f"node {node.name!r} ({node.op_type}): cannot reshape "
+                                  f"{view.input!r} of shape {list(x)} ({nx} elements) to "
+                                  f"{list(y)} ({ny} elements)")
 
 
 def _tc_type(info: TensorInfo) -> str:
@@ -135,6 +151,7 @@ class _ProgramBuilder:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.steps: list[Step] = []
+        self.checks: list[IndexCheck] = []
         self.aliases: list[tuple[str, str]] = []
         self.copies: list[tuple[str, str]] = []  # (graph output, source tensor)
         self.from_tc = _from_tc()
@@ -168,6 +185,7 @@ class _ProgramBuilder:
             return
         if views:
             v = views[0]
+            _check_view(nodes[0], v, self.graph)
             if v.output in self.graph.outputs:  # a graph output is its own storage
                 self.add_copy(v.output, v.input)
                 self.copies.append((v.output, v.input))
@@ -186,11 +204,16 @@ class _ProgramBuilder:
         produced = [o for n in nodes for o in n.outputs if o]
         produced_set = set(produced)
         in_group = {n.name for n in nodes}
+        checks = [c for r in results for c in r.checks]
+        # an index tensor the group computes itself is checked after the step: it
+        # must then be one of the kernel's outputs (a buffer)
+        checked_inside = {c.buffer for c in checks if c.buffer in produced_set}
         where = ", ".join(f"{n.name!r} ({n.op_type})" for n in nodes)
         inputs = [t for t, tc in names.items() if t not in produced_set and tc in tokens]
         outputs = []
         for t in dict.fromkeys(produced):
-            needed = t in graph.outputs or bool(self.users.get(t, set()) - in_group)
+            needed = t in graph.outputs or bool(self.users.get(t, set()) - in_group) \
+                or t in checked_inside
             if not needed:
                 continue
             _check_not_empty(t, ctx.shape(t), where)
@@ -212,6 +235,12 @@ class _ProgramBuilder:
         self.verify(kernel, ctx, where, text)
         kernel = inline_pointwise(kernel)
         args = inputs + [t for _, t in views] + outputs
+        for c in checks:
+            if c.buffer not in args:
+                raise InternalError(f"the index check of {where} reads {c.buffer!r}, which "
+                                    f"is no buffer of the step")
+            self.checks.append(replace(c, step=len(self.steps),
+                                       after_step=c.buffer in checked_inside))
         self.steps.append(Step(kernel, tuple(args), tuple(n.name for n in nodes)))
 
     def compile_tc(self, text: str, where: str) -> Kernel:
@@ -352,7 +381,7 @@ class _ProgramBuilder:
             buffers.append(Buffer(n, info.dtype, tuple(info.shape), k))
         return Program(sanitize(graph.name), tuple(buffers), tuple(graph.inputs),
                        tuple(graph.outputs), tuple(weights), tuple(self.steps),
-                       tuple(self.aliases))
+                       tuple(self.aliases), tuple(self.checks))
 
 
 def lower_graph(graph: Graph, groups: list[list[Node]] | None = None,

@@ -10,7 +10,8 @@ v``) or use an index clamped into the tensor.
   a used ``mask`` output or ``training_mode`` = true is unsupported);
 * Transpose, Concat (guarded reads over the output range), Split, Slice (constant
   starts/ends/axes/steps, negative and clamped values, negative steps), Gather (see
-  :func:`gather`: runtime indices wrap and are clamped into the tensor), Pad (constant,
+  :func:`gather`: runtime indices wrap and are clamped into the tensor, and a check
+  before the kernel fails the run on an index out of range), Pad (constant,
   reflect, edge, wrap), Resize / Upsample (nearest: every ``nearest_mode``; linear:
   n-linear over the resized axes; coordinate modes half_pixel, half_pixel_symmetric,
   pytorch_half_pixel, asymmetric, align_corners, tf_half_pixel_for_nn; constant scales
@@ -27,6 +28,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 import numpy as np
+
+from polyc.program import IndexCheck
 
 from .onnx_graph import LowerContext, Lowered, Node, UnsupportedOpError, View, \
     literal, register
@@ -298,10 +301,12 @@ def gather(node: Node, ctx: LowerContext) -> Lowered:
     """``Y[a.., q.., b..] = X[a.., I[q..], b..]``.
 
     Constant indices forming an arithmetic progression (a scalar, a range, a strided
-    range) become an affine index. Other indices are read at run time (an indirect read):
-    a negative index wraps (``i + D``), and every index is then clamped into ``[0, D)``,
-    so that no out-of-bounds access can happen whatever the data (an out-of-range index is
-    an error in ONNX; polyc reads the nearest element instead of failing).
+    range) become an affine index (constant indices out of range are refused at import,
+    :mod:`.onnx_validate`). Other indices are read at run time (an indirect read): a
+    negative index wraps (``i + D``), and every index is then clamped into ``[0, D)``,
+    so that no out-of-bounds access can happen whatever the data. An index outside
+    ``[-D, D)`` is an error in ONNX: a check before the kernel scans the indices once
+    (:class:`polyc.program.IndexCheck`) and fails the run with a message naming the node.
     """
     x, ind, y = node.inputs[0], node.inputs[1], node.outputs[0]
     check_nonempty(node, ctx, x, ind, y)
@@ -328,12 +333,22 @@ def gather(node: Node, ctx: LowerContext) -> Lowered:
             index = affine([(int(strides[0]), j)], int(v[0]))
         else:
             value = None
+    checks: tuple[IndexCheck, ...] = ()
     if value is None:
         raw = read(ctx.name(ind), q)
         wrapped = f"({raw} < 0 ? {raw} + {D} : {raw})"
         index = f"min(max({wrapped}, 0), {D - 1})"
+    if value is None and ctx.const(ind) is None:  # constant indices were checked above
+        checks = (IndexCheck(-1, ind, -D, D - 1, f"node {node.name!r} (Gather): index ",
+                             f" of the indices {ind!r} {_dims(ctx.shape(ind))} is out of "
+                             f"range for axis {a} of {x!r} {_dims(ctx.shape(x))} (valid: "
+                             f"{-D} to {D - 1})"),)
     return Lowered([f"{lhs(ctx.name(y), yi)} = {read(ctx.name(x), pre + [index] + post)}"
-                    f"{where(out_ranges(yi, ctx.shape(y)))}"])
+                    f"{where(out_ranges(yi, ctx.shape(y)))}"], checks)
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 @register("Pad")

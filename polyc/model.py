@@ -27,6 +27,7 @@ import numpy as np
 from . import pipeline, tune
 from .codegen.model import ModelSource, generate_model, kernel_key
 from .codegen.model_runtime import ModelLibrary, check_array, write_model_files
+from .codegen.model_runtime import RunError as RunError  # re-exported: run's error
 from .codegen.weights import weights_bytes
 from .errors import CallError
 from .ir import Kernel
@@ -88,7 +89,10 @@ class CompiledModel:
     def run(self, output_names: Sequence[str] | None,
             input_feed: Mapping[str, Any]) -> list[np.ndarray]:
         """The outputs named by ``output_names`` (all, in graph order, for None) computed
-        from ``input_feed`` (input name -> numpy array of the exact dtype and shape)."""
+        from ``input_feed`` (input name -> numpy array of the exact dtype and shape).
+
+        Raises :class:`RunError` (a :class:`polyc.CallError`) when an input value is out
+        of range -- an index a Gather reads at run time -- naming the node."""
         outs = self._library.run_feed(input_feed)
         if output_names is None:
             return outs

@@ -11,6 +11,11 @@ kernel function per :class:`Step`, in order, with the step's buffers as argument
   buffer of each of ``kernel.inputs + kernel.outputs``, in that order.
 * **alias**: ``(view, base)``: ``view`` is ``base`` with another shape (a Reshape,
   Flatten, Squeeze, Unsqueeze, Identity...): same elements, same storage, no code.
+* **check**: an :class:`IndexCheck`: before (or after) a step, every element of an
+  integer buffer must lie in a range -- the indices a Gather reads at run time -- or the
+  run stops with an error that names the node (``<model>_run`` returns 4, the message
+  is ``<model>_last_error()``). The kernels themselves clamp such indices, so they
+  never read out of bounds whatever the check finds.
 """
 from __future__ import annotations
 
@@ -46,6 +51,22 @@ class Step:
     origin: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class IndexCheck:
+    """Every element of the integer buffer ``buffer`` must lie in ``[low, high]``; the
+    check runs right before step ``step`` (right after it when ``after_step``: the
+    buffer is computed by that step). A failure stops the run with the message
+    ``prefix + "<value> at [<i>, <j>, ...]" + suffix`` (the value and its position in
+    ``buffer``)."""
+    step: int
+    buffer: str
+    low: int
+    high: int
+    prefix: str
+    suffix: str
+    after_step: bool = False
+
+
 @dataclass(frozen=True, eq=False)
 class Program:
     name: str
@@ -55,6 +76,8 @@ class Program:
     weights: tuple[tuple[str, np.ndarray], ...]
     steps: tuple[Step, ...]
     aliases: tuple[tuple[str, str], ...] = ()
+    #: run-time checks of index values (see :class:`IndexCheck`), in step order
+    checks: tuple[IndexCheck, ...] = ()
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:
