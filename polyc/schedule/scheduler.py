@@ -14,6 +14,12 @@ Fusion modes (``Options.fusion``):
 Cutting in program order is always legal: the original program is sequential, so
 every dependence goes from an earlier statement to a later one (or within one).
 
+isl's scheduler runs within an operation budget (:data:`ISL_OPERATIONS`): some
+programs (several statements of different depths, generic sizes, ``max`` fusion) make
+its ILPs blow up to minutes. Past the budget the run is cut into single statements (a
+:class:`~polyc.errors.PolycWarning` says so), and a single statement past the budget
+keeps its source order -- both legal for the reason above, so compile time stays bounded.
+
 The result, for two runs::
 
     domain
@@ -29,7 +35,9 @@ from collections.abc import Iterator
 import islpy as isl
 
 from ..deps import Dependences
-from ..errors import SemanticError
+import warnings
+
+from ..errors import PolycWarning, SemanticError
 from ..ir import Kernel, Statement
 from ..options import Options
 
@@ -75,8 +83,50 @@ def _filter_names(umap: isl.UnionMap, names: set[str]) -> isl.UnionMap:
     return out
 
 
+#: isl operations one call of its scheduler may take (normal kernels, ResNet-50's
+#: convolutions and the PolyBench nests included, take a few thousand at most)
+ISL_OPERATIONS = 200_000
+
+
 def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
                     whole_component: bool) -> isl.Schedule:
+    ctx = kernel.context.get_ctx()
+    old = ctx.get_max_operations()
+    ctx.set_max_operations(ISL_OPERATIONS)
+    ctx.reset_operations()
+    try:
+        return _isl_schedule(kernel, deps, group, whole_component)
+    except isl.Error as e:
+        if "maximal number of operations" not in str(e):
+            raise
+    finally:
+        ctx.set_max_operations(old)
+        ctx.reset_operations()
+    if len(group) == 1:
+        return _source_order(kernel, group[0])
+    warnings.warn(PolycWarning(
+        f"{kernel.name}: isl's scheduler exceeded its budget of {ISL_OPERATIONS} operations "
+        f"on statements {', '.join(s.name for s in group)}; they are scheduled one at a "
+        f"time in program order (as fusion='min')"), stacklevel=2)
+    parts = [_schedule_group(kernel, deps, [s], False) for s in group]
+    sched = parts[0]
+    for p in parts[1:]:
+        sched = sched.sequence(p)
+    return sched
+
+
+def _source_order(kernel: Kernel, s: Statement) -> isl.Schedule:
+    """One statement in the order of its iterators (the source's loop nest)."""
+    dom = isl.UnionSet.from_set(s.domain).intersect_params(kernel.context)
+    if not s.iterators:
+        return isl.Schedule.from_domain(dom)
+    band = isl.MultiUnionPwAff.from_union_map(isl.UnionMap.from_map(
+        isl.Map.identity(s.domain.get_space().map_from_set())))
+    return isl.Schedule.from_domain(dom).insert_partial_schedule(band)
+
+
+def _isl_schedule(kernel: Kernel, deps: Dependences, group: list[Statement],
+                  whole_component: bool) -> isl.Schedule:
     names = {s.name for s in group}
     dom = isl.UnionSet.empty(kernel.context.get_space())
     for s in group:
