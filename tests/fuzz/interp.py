@@ -754,7 +754,9 @@ class Machine:
         accesses = [(r.args, self.tensors[r.tensor].data.shape) for r in reads]
         if target.data is not None:
             accesses.insert(0, (tuple(Idx(i) for i in s.indices), target.data.shape))
-        ranges = self.ranges(iters, fixed, accesses)
+        # the indices of a tensor's first write (they give it its shape) never start below 0
+        first = set(s.indices) if target.data is None else set()
+        ranges = self.ranges(iters, fixed, accesses, first)
         if target.data is None:
             shape = tuple(max(ranges[i][1], 0) for i in s.indices)
             if target.dtype is None:
@@ -769,8 +771,9 @@ class Machine:
             raise Invalid("range bound uses an index")
         return int(self.eval_index(x, {}))
 
-    def ranges(self, iters, fixed, accesses):
-        """TC range inference, in rounds, with the sizes known."""
+    def ranges(self, iters, fixed, accesses, nonnegative=frozenset()):
+        """TC range inference, in rounds, with the sizes known; the indices in
+        ``nonnegative`` start at 0 at the lowest."""
         ranges = dict(fixed)
         while True:
             found: dict[str, tuple[int, int]] = {}
@@ -819,7 +822,8 @@ class Machine:
                         found[x] = (lo, hi)
             if not found:
                 break
-            ranges.update(found)
+            ranges.update({x: (max(lo, 0) if x in nonnegative else lo, hi)
+                           for x, (lo, hi) in found.items()})
         for i in iters:
             if i not in ranges:
                 raise Invalid(f"cannot infer the range of {i}")
