@@ -242,7 +242,7 @@ class DefLowering:
         if target.shape is not None:
             accesses.insert(0, (tuple(E.Index(i.name) for i in stmt.indices), target.shape))
         # a non-affine (indirect) index does not constrain the ranges, as in TC
-        constraints = [R.Constraint(R.from_expr(i), R.extent_from_expr(d))
+        constraints = [R.Constraint(R.from_expr(i), R.from_expr(d, extent=True))
                        for idx, shape in accesses for i, d in zip(idx, shape)
                        if E.is_affine(i)]
         new = frozenset(i.name for i in stmt.indices) if target.shape is None else frozenset()

@@ -121,19 +121,25 @@ def ceil_div(x: Lin, d: int) -> Lin:
 
 # -- conversions ----------------------------------------------------------------------
 
-def from_expr(e: E.Expr) -> Lin | None:
-    """The form of an affine ``polyc.expr`` tree (indices and sizes alike), else None."""
+def from_expr(e: E.Expr, extent: bool = False) -> Lin | None:
+    """The form of an affine ``polyc.expr`` tree (indices and sizes alike), else None.
+
+    With ``extent``, ``min``/``max`` calls are forms too (the extents range inference
+    gives, :class:`MinMax`); an index expression with them is not affine."""
     if isinstance(e, (E.Index, E.Size)):
         return Lin.of(e.name)
     if isinstance(e, E.Const):
         ok = isinstance(e.value, int) and not isinstance(e.value, bool)
         return Lin(const=e.value) if ok else None
     if isinstance(e, E.Unary) and e.op == "-":
-        x = from_expr(e.x)
+        x = from_expr(e.x, extent)
         return None if x is None else -x
+    if extent and isinstance(e, E.Call) and e.fn in ("min", "max"):
+        args = [from_expr(a, extent) for a in e.args]
+        return None if None in args else Lin.of(MinMax(e.fn, tuple(args)))  # type: ignore
     if not isinstance(e, E.Binary):
         return None
-    a, b = from_expr(e.a), from_expr(e.b)
+    a, b = from_expr(e.a, extent), from_expr(e.b, extent)
     if a is None or b is None:
         return None
     if e.op == "+":
@@ -146,32 +152,6 @@ def from_expr(e: E.Expr) -> Lin | None:
         q = floor_div(a, b.const)
         return q if e.op == "//" else a - q.scale(b.const)
     return None
-
-
-def extent_from_expr(e: E.Expr) -> Lin | None:
-    """The form of an extent: :func:`from_expr` plus ``min``/``max`` calls of extents."""
-    if isinstance(e, E.Call) and e.fn in ("min", "max"):
-        args = [extent_from_expr(a) for a in e.args]
-        if any(a is None for a in args):
-            return None
-        return Lin.of(MinMax(e.fn, tuple(args)))  # type: ignore[arg-type]
-    if isinstance(e, E.Binary) and e.op in ("+", "-", "*", "//"):
-        a, b = extent_from_expr(e.a), extent_from_expr(e.b)
-        if a is None or b is None:
-            return None
-        if e.op == "+":
-            return a + b
-        if e.op == "-":
-            return a - b
-        if e.op == "*" and (a.is_const or b.is_const):
-            return b.scale(a.const) if a.is_const else a.scale(b.const)
-        if e.op == "//" and b.is_const and b.const > 0:
-            return floor_div(a, b.const)
-        return None
-    if isinstance(e, E.Unary) and e.op == "-":
-        x = extent_from_expr(e.x)
-        return None if x is None else -x
-    return from_expr(e)
 
 
 def to_expr(x: Lin, is_index: Callable[[str], bool] = lambda _: False) -> E.Expr:
