@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from polyc.errors import CallError, InternalError, PolycError
+from polyc.errors import CallError, InternalError, PolycError, RunError
 from polyc.options import Options
 
 from .model import ModelSource, Tensor
@@ -26,13 +26,6 @@ from .toolchain import build_model_library
 from .weights import WeightsError, check_weights_file, digest, write_atomically
 
 
-class RunError(CallError):
-    """A run of a compiled model failed on the values of its inputs (an index out of
-    range); the message is the library's ``<model>_last_error()``: it names the node."""
-
-    def __init__(self, message: str, status: int):
-        self.status = status
-        super().__init__(message)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from .errors import (
                      ParseError,
                      PolycError,
                      RangeInferenceError,
+                     RunError,
                      ScheduleError,
                      SemanticError,
                      ToolchainError,
@@ -28,7 +29,7 @@ from .model import CompiledModel, build_model, compile_onnx
 from .options import Options
 
 __all__ = ["CallError", "CompileError", "CompiledModel", "InternalError", "Operator", "Options",
-           "ParseError", "PolycError", "RangeInferenceError", "ScheduleError", "SemanticError",
+           "ParseError", "PolycError", "RangeInferenceError", "RunError", "ScheduleError", "SemanticError",
            "ToolchainError", "UnsupportedError", "build_model", "compile_onnx", "define",
            "einsum"]
 __version__ = "0.1.0"

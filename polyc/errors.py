@@ -84,6 +84,15 @@ class CallError(PolycError, ValueError):
     """A compiled operator was called with arrays of the wrong dtype, rank or size."""
 
 
+class RunError(CallError):
+    """A run of a compiled model failed on the values of its inputs (an index out of
+    range); the message is the library's ``<model>_last_error()``: it names the node."""
+
+    def __init__(self, message: str, status: int):
+        self.status = status
+        super().__init__(message)
+
+
 class ToolchainError(PolycError):
     """The C compiler failed. Carries the command, its stderr and where the source was kept."""
 

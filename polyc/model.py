@@ -27,7 +27,7 @@ import numpy as np
 from . import pipeline, tune
 from .codegen.model import ModelSource, generate_model, kernel_key
 from .codegen.model_runtime import ModelLibrary, check_array, write_model_files
-from .codegen.model_runtime import RunError as RunError  # re-exported: run's error
+from .errors import RunError as RunError  # re-exported: run's error
 from .codegen.weights import weights_bytes
 from .errors import CallError
 from .ir import Kernel
