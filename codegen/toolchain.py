@@ -50,6 +50,28 @@ def compiler_flags(options: Options) -> list[str]:
     return flags
 
 
+@functools.cache
+def asan_runtime(cc: str = "gcc") -> str | None:
+    """The path of ``cc``'s ASan runtime (``libasan.so``), or None if it has none."""
+    out = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
+                         text=True, check=False)
+    path = out.stdout.strip()
+    return path if out.returncode == 0 and os.path.isabs(path) else None
+
+
+def sanitizer_environment(base: dict[str, str] | None = None) -> dict[str, str] | None:
+    """The environment of a child process that may load libraries built with
+    ``Options(sanitize=True)``: the ASan runtime preloaded (it must be the process's
+    first library), leak checks off (CPython keeps memory at exit by design), the first
+    report ending the process. None when the compiler has no ASan runtime."""
+    runtime = asan_runtime()
+    if runtime is None:
+        return None
+    return dict(os.environ if base is None else base, LD_PRELOAD=runtime,
+                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
+                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+
+
 def compile_command(options: Options, source_path: str, output_path: str) -> list[str]:
     return [options.cc, *compiler_flags(options), "-o", output_path, source_path, *LIBS]
 

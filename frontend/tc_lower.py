@@ -256,26 +256,32 @@ class DefLowering:
     def extra_constraints(self, name: str, stmt: P.Stmt, iters: list[str],
                           bounds: dict[str, tuple[E.Expr, E.Expr]], write: Access,
                           value: E.Expr, exists: list[E.Read]) -> tuple[str, ...]:
-        """Bounds of unconditional reads the rectangle does not imply (see module doc)."""
-        rect = make_domain(name, tuple(iters), tuple(self.sizes), bounds)
+        """Bounds of unconditional reads the rectangle does not imply (see module doc).
+
+        The write is checked on the box of the left-hand side's ranges, what a ``!``
+        initialisation writes whatever the reduction ranges."""
         ctx = isl.Set(f"{params_prefix(self.sizes)}{{ : {' and '.join(self.context_conds())} }}"
                       if self.sizes else "{ : }")
-        rect = rect.intersect_params(ctx)
-        head = f"{params_prefix(self.sizes)}{{ {name}[{', '.join(iters)}] : "
 
-        def missing(access) -> list[str]:
+        def box(its: list[str]) -> isl.Set:
+            return make_domain(name, tuple(its), tuple(self.sizes), bounds).intersect_params(ctx)
+
+        def missing(access, dom: isl.Set, its: list[str]) -> list[str]:
+            head = f"{params_prefix(self.sizes)}{{ {name}[{', '.join(its)}] : "
             shape = self.tensors[access.array].shape
             conds = [f"0 <= {E.to_isl(i)} < {E.to_isl(d)}"
                      for i, d in zip(access.indices, shape) if E.is_affine(i)]
-            return [c for c in conds if not rect.is_subset(isl.Set(head + c + " }"))]
+            return [c for c in conds if not dom.is_subset(isl.Set(head + c + " }"))]
 
-        if missing(write):
+        lhs = [i.name for i in write.indices]  # type: ignore[attr-defined]
+        if missing(write, box(lhs), lhs):
             raise err(RangeInferenceError, f"the statement writes {write.array!r} outside "
                       f"its shape ({', '.join(E.show(d) for d in self.tensors[write.array].shape)})"
                       f"; check the `where` ranges", stmt.span)
+        rect = box(iters)
         extra: list[str] = []
         for r in list(E.unconditional_reads(value)) + exists:
-            extra += [c for c in missing(r) if c not in extra]
+            extra += [c for c in missing(r, rect, iters) if c not in extra]
         return tuple(extra)
 
 

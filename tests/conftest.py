@@ -16,6 +16,25 @@ os.environ.setdefault("POLYC_CACHE_DIR", os.path.join(os.path.dirname(os.path.di
     os.path.abspath(__file__))), ".polyc_cache"))
 
 
+def pytest_configure(config):
+    """``POLYC_SANITIZE=1 python3 -m pytest ...`` builds every library with ASan/UBSan
+    (Options reads it); such libraries load only into a process whose first library is
+    the ASan runtime, so the run starts again under :func:`sanitizer_environment`."""
+    if os.environ.get("POLYC_SANITIZE", "") in ("", "0") or \
+            "libasan" in os.environ.get("LD_PRELOAD", ""):
+        return
+    from polyc.codegen.toolchain import sanitizer_environment
+    env = sanitizer_environment()
+    if env is None:
+        raise SystemExit("POLYC_SANITIZE is set but gcc has no ASan runtime (libasan.so)")
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:  # give the new run the real stdout/stderr
+        capture.suspend_global_capture(in_=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "pytest", *sys.argv[1:]], env)
+
+
 def random_inputs(shapes_dtypes, seed=0):
     rng = np.random.default_rng(seed)
     out = []

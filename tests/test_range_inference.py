@@ -153,3 +153,14 @@ def test_output_reduced_before_any_initialisation_is_refused():
                      "C(m) += A(m, k)\n}")
     a = rand(3, 4)
     np.testing.assert_allclose(f(a), 1 + a.sum(axis=1), rtol=1e-5)
+
+
+def test_initialisation_writing_outside_is_refused_even_if_the_update_is_empty():
+    """Found by the fuzzer (seed 177): the update's domain was empty (a read always out of
+    bounds), so only the `!` initialisation wrote O1(i, j) with i up to M - 1 > N - 1;
+    the frontend checks the write on the box of the left-hand side's ranges."""
+    from polyc.errors import RangeInferenceError
+    src = ("def f(float(N, M, M) B) -> (float(N, M) O1) {\n"
+           "  O1(i, j) +=! B(j, B.1, j - 1) <= B(s + r, i, s) where i in 1:M\n}\n")
+    with pytest.raises(RangeInferenceError, match=r"^2:3: the statement writes 'O1' outside"):
+        from_tc(src)

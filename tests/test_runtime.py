@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from polyc.codegen.toolchain import asan_runtime
 from codegen_helpers import (
     WARNINGS_AS_ERRORS,
     I,
@@ -220,16 +221,9 @@ def out_of_bounds() -> ir.Kernel:
                                  ir.Array("Y", "float32", (N,), "output")], [st])
 
 
-def _asan_runtime() -> str | None:
-    out = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True,
-                         check=False)
-    path = out.stdout.strip()
-    return path if out.returncode == 0 and os.path.isabs(path) else None
-
-
-@pytest.mark.skipif(_asan_runtime() is None, reason="gcc has no libasan.so")
+@pytest.mark.skipif(asan_runtime() is None, reason="gcc has no libasan.so")
 def test_sanitizers(tmp_path):
-    env = dict(os.environ, LD_PRELOAD=_asan_runtime(), ASAN_OPTIONS="detect_leaks=0")
+    env = dict(os.environ, LD_PRELOAD=asan_runtime(), ASAN_OPTIONS="detect_leaks=0")
     for bad in (False, True):
         script = _SANITIZED.format(tests=TESTS, cache=str(tmp_path), bad=bad)
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,

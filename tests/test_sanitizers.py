@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+from polyc.codegen.toolchain import asan_runtime, sanitizer_environment
 from test_e2e_numpy import CASES, FUSIONS
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -55,18 +56,9 @@ sys.exit(1 if failed else 0)
 """
 
 
-def _asan_runtime() -> str | None:
-    out = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True,
-                         check=False)
-    path = out.stdout.strip()
-    return path if out.returncode == 0 and os.path.isabs(path) else None
-
-
-@pytest.mark.skipif(_asan_runtime() is None, reason="gcc has no libasan.so")
+@pytest.mark.skipif(asan_runtime() is None, reason="gcc has no libasan.so")
 def test_every_case_is_sanitizer_and_warning_clean():
-    env = dict(os.environ, LD_PRELOAD=_asan_runtime(),
-               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
-               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+    env = sanitizer_environment()
     assert env.get("POLYC_CACHE_DIR"), "conftest sets POLYC_CACHE_DIR"
     script = _CHILD.format(tests=TESTS, fusions=FUSIONS, cflags=WARNINGS_AS_ERRORS)
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,

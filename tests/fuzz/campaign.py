@@ -1,6 +1,7 @@
 """A differential fuzzing campaign: random TC programs and einsums, polyc vs the interpreter.
 
     python3 tests/fuzz/campaign.py -n 10000 -j 2 --seed 1 --out fuzz-out/
+    python3 tests/fuzz/campaign.py -n 300 --sanitize      # every case under ASan/UBSan
 
 Cases ``seed .. seed+n-1`` are split between ``-j`` worker processes (a worker that dies,
 e.g. on a segfault in compiled code, is reported as a crash of the case it was running
@@ -54,10 +55,17 @@ def worker(seeds, out_dir, do_shrink, shrink_s):
         print(json.dumps(rec), flush=True)
 
 
-def campaign(n, jobs, seed, out_dir, do_shrink=True, shrink_s=90.0, quiet=False):
+def campaign(n, jobs, seed, out_dir, do_shrink=True, shrink_s=90.0, quiet=False,
+             sanitize=False):
     os.makedirs(out_dir, exist_ok=True)
     cache = tempfile.mkdtemp(prefix="polyc-fuzz-cache-")
     env = dict(os.environ, POLYC_CACHE_DIR=cache, OMP_NUM_THREADS="2")
+    if sanitize:  # every library built with ASan/UBSan; a report kills the worker (a crash)
+        from polyc.codegen.toolchain import sanitizer_environment
+        env = sanitizer_environment(env)
+        if env is None:
+            raise SystemExit("--sanitize: gcc has no ASan runtime (libasan.so)")
+        env["POLYC_SANITIZE"] = "1"
     seeds = list(range(seed, seed + n))
     shards = [seeds[k::jobs] for k in range(jobs)]
     results: list[dict] = []
@@ -141,13 +149,16 @@ def main(argv=None):
     ap.add_argument("--out", default="fuzz-out", help="directory for reproducers")
     ap.add_argument("--no-shrink", action="store_true")
     ap.add_argument("--shrink-seconds", type=float, default=90.0)
+    ap.add_argument("--sanitize", action="store_true",
+                    help="build every case with ASan/UBSan (a report is a crash)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
         worker([int(x) for x in a.worker.split(",")], a.out, not a.no_shrink, a.shrink_seconds)
         return 0
     t0 = time.time()
-    results = campaign(a.n, a.j, a.seed, a.out, not a.no_shrink, a.shrink_seconds)
+    results = campaign(a.n, a.j, a.seed, a.out, not a.no_shrink, a.shrink_seconds,
+                       sanitize=a.sanitize)
     with open(os.path.join(a.out, "results.jsonl"), "w") as f:
         for r in sorted(results, key=lambda r: r["seed"]):
             f.write(json.dumps(r) + "\n")
