@@ -19,6 +19,9 @@ programs (several statements of different depths, generic sizes, ``max`` fusion)
 its ILPs blow up to minutes. Past the budget the run is cut into single statements (a
 :class:`~polyc.errors.PolycWarning` says so), and a single statement past the budget
 keeps its source order -- both legal for the reason above, so compile time stays bounded.
+Whole-component scheduling (``max``) spends its time in ILPs isl does not count: it
+runs in a forked child killed after :data:`WHOLE_COMPONENT_SECONDS`, and falls back to
+isl's default clustering.
 
 The result, for two runs::
 
@@ -30,7 +33,11 @@ The result, for two runs::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+import select
+import signal
+import time
+from collections.abc import Callable, Iterator
 
 import islpy as isl
 
@@ -88,8 +95,23 @@ def _filter_names(umap: isl.UnionMap, names: set[str]) -> isl.UnionMap:
 ISL_OPERATIONS = 200_000
 
 
+#: seconds isl may spend scheduling a whole component (``fusion="max"``): its ILPs
+#: there are not counted in operations and can run for minutes (fuzz seeds 410, 5003)
+WHOLE_COMPONENT_SECONDS = 5.0
+
+
 def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
                     whole_component: bool) -> isl.Schedule:
+    if whole_component and len(group) > 1 and hasattr(os, "fork"):
+        text = _time_limited(lambda: _isl_schedule(kernel, deps, group, True).to_str(),
+                             WHOLE_COMPONENT_SECONDS)
+        if text is not None:
+            return isl.Schedule.read_from_str(kernel.context.get_ctx(), text)
+        warnings.warn(PolycWarning(
+            f"{kernel.name}: isl's scheduler did not fuse the whole component within "
+            f"{WHOLE_COMPONENT_SECONDS:g} s; it is scheduled as isl clusters it by default "
+            f"(as fusion='smart' within one run)"), stacklevel=2)
+        whole_component = False
     ctx = kernel.context.get_ctx()
     old = ctx.get_max_operations()
     ctx.set_max_operations(ISL_OPERATIONS)
@@ -113,6 +135,41 @@ def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
     for p in parts[1:]:
         sched = sched.sequence(p)
     return sched
+
+
+def _time_limited(fn: Callable[[], str], seconds: float) -> str | None:
+    """``fn()`` computed in a forked child, or None if it takes longer than ``seconds``
+    (isl cannot be interrupted from Python; the child can be killed)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: compute, send, leave without Python's clean-up
+        status = 1
+        try:
+            os.close(r)
+            data = fn().encode()
+            while data:
+                data = data[os.write(w, data):]
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(w)
+    chunks, deadline = [], time.monotonic() + seconds
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                return None
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+    if status != 0:  # the child failed: compute here to get the error itself
+        return fn()
+    return b"".join(chunks).decode()
 
 
 def _source_order(kernel: Kernel, s: Statement) -> isl.Schedule:
