@@ -62,12 +62,19 @@ def asan_runtime(cc: str = "gcc") -> str | None:
 def sanitizer_environment(base: dict[str, str] | None = None) -> dict[str, str] | None:
     """The environment of a child process that may load libraries built with
     ``Options(sanitize=True)``: the ASan runtime preloaded (it must be the process's
-    first library), leak checks off (CPython keeps memory at exit by design), the first
-    report ending the process. None when the compiler has no ASan runtime."""
+    first library) with the C++ runtime beside it (ASan's ``__cxa_throw`` interceptor
+    needs a libstdc++ loaded at start-up, or a C++ exception thrown by onnx or
+    onnxruntime aborts the process), leak checks off (CPython keeps memory at exit by
+    design), the first report ending the process. None when there is no ASan runtime."""
     runtime = asan_runtime()
     if runtime is None:
         return None
-    return dict(os.environ if base is None else base, LD_PRELOAD=runtime,
+    preload = [runtime]
+    cxx = subprocess.run(["g++", "-print-file-name=libstdc++.so.6"], capture_output=True,
+                         text=True, check=False).stdout.strip() if shutil.which("g++") else ""
+    if os.path.isabs(cxx):
+        preload.append(cxx)
+    return dict(os.environ if base is None else base, LD_PRELOAD=" ".join(preload),
                 ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
                 UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
 
