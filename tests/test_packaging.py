@@ -10,10 +10,11 @@
   - ``polyc/`` core modules never import the frontends or the code generator; only the
     wiring modules (``pipeline``, ``api``, ``cli``, ``__init__``, ``__main__``) may;
   - ``frontend/`` uses only ``polyc.ir``, ``polyc.expr``, ``polyc.errors``,
-    ``polyc.program`` and the IR-to-IR pass ``polyc.inline`` from polyc (plus its own
-    package, the standard library, numpy and islpy);
+    ``polyc.limits``, ``polyc.program`` and the IR-to-IR pass ``polyc.inline`` from polyc
+    (plus its own package, the standard library, numpy and islpy);
   - ``codegen/`` uses only ``polyc.ir``, ``polyc.expr``, ``polyc.errors``,
-    ``polyc.options`` (plus its own package, the standard library, numpy, islpy, cgen).
+    ``polyc.limits``, ``polyc.options`` (plus its own package, the standard library,
+    numpy, islpy, cgen).
 """
 from __future__ import annotations
 
@@ -163,9 +164,9 @@ def _top(name: str) -> str:
 
 THIRD_PARTY = {"frontend": {"numpy", "islpy", "onnx"}, "codegen": {"numpy", "islpy", "cgen"}}
 ALLOWED_CORE = {"frontend": {"polyc.ir", "polyc.expr", "polyc.errors", "polyc.program",
-                             "polyc.inline"},
+                             "polyc.inline", "polyc.limits"},
                 "codegen": {"polyc.ir", "polyc.expr", "polyc.errors", "polyc.options",
-                            "polyc.program"}}
+                            "polyc.program", "polyc.limits"}}
 WIRING = {"polyc.pipeline", "polyc.api", "polyc.cli", "polyc", "polyc.__main__", "polyc.model",
           "polyc.backend", "polyc.tune"}
 LAYERS = ("polyc.frontend", "polyc.codegen")
