@@ -76,6 +76,18 @@ class Operator:
         return self._shown().c_source
 
     @property
+    def cuda_source(self) -> str:
+        """The ``.cu`` of the last call's library (target ``"cuda"``)."""
+        return self._shown().cuda_source
+
+    @property
+    def gpu_report(self) -> Any:
+        """The static GPU report of :attr:`cuda_source` (:mod:`polyc.codegen.gpu_report`):
+        per kernel the grid and block, the coalescing of every global access, ptxas's
+        registers, shared memory and spills, and the theoretical occupancy."""
+        return self._shown().gpu_report
+
+    @property
     def schedule(self) -> isl.Schedule:
         """The isl schedule tree that produced :attr:`c_source`."""
         return self._shown().schedule

@@ -5,6 +5,10 @@ This is the only module that reads ``POLYC_*`` environment variables:
 * ``POLYC_CACHE_DIR``: where compiled libraries are cached (default ``~/.cache/polyc``).
 * ``POLYC_DUMP``: a directory; each pipeline stage writes ``NN-stage.txt`` there.
 * ``POLYC_CC``: the C compiler (default ``gcc``).
+* ``POLYC_SANITIZE``: ``1`` makes ``sanitize`` default to True: every library is built
+  with ASan/UBSan (the process must have the ASan runtime loaded first, see
+  :func:`polyc.codegen.toolchain.sanitizer_environment`).
+* ``POLYC_NVCC``: the CUDA compiler (default ``nvcc``).
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import os
 from dataclasses import dataclass
 
 FUSION_MODES = ("min", "smart", "max")
+TARGETS = ("c", "cuda")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,16 @@ class Options:
     :tune: auto-tune each kernel with fixed sizes (:mod:`polyc.tune`): ``True`` for the
         default search budget per kernel, a number for that many seconds per kernel,
         ``False`` for none. Only ``fusion``, ``tile`` and ``register_tile`` change.
+    :target: ``"c"`` (C with OpenMP, built by ``cc``) or ``"cuda"`` (CUDA C, built by
+        ``nvcc``; see :mod:`polyc.codegen.cuda`).
+    :emulate: CUDA only: build the same ``.cu`` with g++ and the CPU emulation of
+        ``codegen/cuda_emu.h`` instead of nvcc (runs without a GPU).
+    :gpu_block: CUDA threads per block along x, y, z (a whole number of warps, at most
+        1024); None: the rule of :func:`polyc.schedule.gpu_map.block_sizes`.
+    :gpu_tile: CUDA tile sizes along x, y, z (multiples of the block); None: the block.
+    :gpu_arch: the SM architecture nvcc builds SASS for (its PTX is embedded too).
+    :gpu_shared: promote tiles of arrays reused within a block to ``__shared__`` memory.
+    :nvcc_flags: extra flags for nvcc (``("-Werror", "all-warnings")`` in the tests).
     """
 
     fusion: str = "smart"
@@ -53,7 +68,8 @@ class Options:
     specialize: bool = True
     cc: str = dataclasses.field(default_factory=lambda: os.environ.get("POLYC_CC", "gcc"))
     cflags: tuple[str, ...] = ("-ffp-contract=fast",)
-    sanitize: bool = False
+    sanitize: bool = dataclasses.field(
+        default_factory=lambda: os.environ.get("POLYC_SANITIZE", "") not in ("", "0"))
     #: a user schedule (isl union map or schedule tree text); checked, used as written
     schedule: str | None = None
     cache_dir: str = dataclasses.field(default_factory=lambda: os.environ.get(
@@ -62,6 +78,14 @@ class Options:
         default_factory=lambda: os.environ.get("POLYC_DUMP") or None)
     #: auto-tuning: False, True (the default budget) or seconds per kernel
     tune: bool | float = False
+    target: str = "c"
+    emulate: bool = False
+    gpu_block: tuple[int, ...] | None = None
+    gpu_tile: tuple[int, ...] | None = None
+    gpu_arch: str = "sm_80"
+    nvcc: str = dataclasses.field(default_factory=lambda: os.environ.get("POLYC_NVCC", "nvcc"))
+    nvcc_flags: tuple[str, ...] = ()
+    gpu_shared: bool = True
 
     def __post_init__(self) -> None:
         from .errors import CompileError
@@ -77,6 +101,27 @@ class Options:
                 len(self.register_tile) != 2 or any(int(t) < 1 for t in self.register_tile)):
             raise CompileError(f"register_tile must be (rows, columns) of positive sizes, "
                                f"got {self.register_tile}")
+        if self.target not in TARGETS:
+            raise CompileError(f"unknown target {self.target!r}; expected one of {TARGETS}")
+        if self.emulate and self.target != "cuda":
+            raise CompileError("emulate=True runs CUDA on the CPU: it needs target='cuda'")
+        for name in ("gpu_block", "gpu_tile", "nvcc_flags"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        for name in ("gpu_block", "gpu_tile"):
+            sizes = getattr(self, name)
+            if sizes is not None and not (1 <= len(sizes) <= 3 and all(
+                    isinstance(t, int) and t >= 1 for t in sizes)):
+                raise CompileError(f"{name} must be 1 to 3 positive sizes (x, y, z), got {sizes}")
+        if self.gpu_block is not None:
+            total = 1
+            for t in self.gpu_block:
+                total *= t
+            if total % 32 or total > 1024:
+                raise CompileError(f"gpu_block {self.gpu_block} has {total} threads; a block "
+                                   "must be a whole number of warps (32) and at most 1024")
+        if not (self.gpu_arch.startswith("sm_") and self.gpu_arch[3:].isdigit()):
+            raise CompileError(f"gpu_arch must look like 'sm_80', got {self.gpu_arch!r}")
         if self.threads is not None and self.threads < 1:
             raise CompileError(f"threads must be >= 1, got {self.threads}")
         if not isinstance(self.tune, bool) and not (

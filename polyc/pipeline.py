@@ -9,6 +9,10 @@
       -> c          isl AST -> C through cgen
       -> build      gcc -> shared library (cached by content hash)
 
+With ``Options.target == "cuda"`` the stages after legality are instead: gpu_map
+(kernels, blocks/threads, shared memory: ``polyc.schedule.gpu_map``) -> cuda (the ``.cu``:
+``codegen/cuda.py``) -> build (nvcc, or g++ with ``cuda_emu.h`` when ``emulate``).
+
 With ``Options.dump_dir`` (``POLYC_DUMP=dir``) every stage writes ``NN-stage.txt``.
 """
 from __future__ import annotations
@@ -52,6 +56,9 @@ class Compiled:
     scheduled: Scheduled
     source: CSource
     function: CompiledFunction | None
+    #: the CUDA kernels (target "cuda"), each with its block/thread mapping
+    gpu_kernels: tuple[Any, ...] = ()
+    options: Options | None = None
 
     @property
     def schedule(self) -> isl.Schedule:
@@ -60,6 +67,22 @@ class Compiled:
     @property
     def c_source(self) -> str:
         return self.source.text
+
+    @property
+    def cuda_source(self) -> str:
+        """The ``.cu`` text (target ``"cuda"``)."""
+        if self.options is None or self.options.target != "cuda":
+            raise CompileError("this kernel was compiled for the C target (target='cuda' "
+                               "gives CUDA)")
+        return self.source.text
+
+    @property
+    def gpu_report(self) -> Any:
+        """The static GPU report (:mod:`polyc.codegen.gpu_report`) of the CUDA kernels."""
+        if self.options is None or self.options.target != "cuda":
+            raise CompileError("this kernel was compiled for the C target: no GPU report")
+        from .codegen.gpu_report import report
+        return report(self)
 
     @property
     def header(self) -> str:
@@ -111,6 +134,9 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
         check.check_schedule(kernel, deps, sched)
         return Scheduled(kernel, deps, sched)
     plain = stage("schedule", compute_schedule(kernel, deps, options))
+    if options.target == "cuda":  # tiled and mapped by polyc.schedule.gpu_map instead
+        check.check_schedule(kernel, deps, plain)
+        return Scheduled(kernel, deps, plain)
     sched = stage("optimize", optimize(plain, kernel, options))
     try:
         check.check_schedule(kernel, deps, sched)
@@ -131,6 +157,8 @@ def compile_kernel(kernel: Kernel, options: Options, *, build: bool = True,
                    progress: bool = False) -> Compiled:
     """Every stage; ``build=False`` stops after printing C. With ``options.tune``, a
     kernel with fixed sizes is first tuned (:mod:`polyc.tune`; ``progress``: its bar)."""
+    if options.target == "cuda":
+        return _compile_cuda(kernel, options, build)
     if options.tune:
         from .tune import tuned_options
         options = tuned_options(kernel, options, progress=progress)
@@ -143,6 +171,24 @@ def compile_kernel(kernel: Kernel, options: Options, *, build: bool = True,
     path = stage("build", build_shared(source, options))
     return Compiled(scheduled, source, CompiledFunction(scheduled.kernel, path,
                                                         source.function_name, source))
+
+
+def _compile_cuda(kernel: Kernel, options: Options, build: bool) -> Compiled:
+    """Stages check .. legality, then the GPU mapping, the ``.cu`` and nvcc (or g++ with
+    the CPU emulation header when ``options.emulate``)."""
+    from .codegen.cuda import generate_cuda
+    from .codegen.cuda_runtime import CudaFunction
+    from .codegen.nvcc import build_cuda
+    from .schedule.gpu_map import map_to_gpu
+    stage = _Stages(options, kernel.name)
+    scheduled = schedule_kernel(kernel, options, stage)
+    gpu = tuple(map_to_gpu(scheduled.kernel, scheduled.deps, scheduled.schedule, options))
+    source = stage("cuda", generate_cuda(scheduled.kernel, list(gpu), options), lambda c: c.text)
+    if not build:
+        return Compiled(scheduled, source, None, gpu, options)
+    path = stage("build", build_cuda(source.text, source.function_name, options))
+    fn = CudaFunction(scheduled.kernel, path, source.function_name, source, options.emulate)
+    return Compiled(scheduled, source, fn, gpu, options)
 
 
 def user_schedule(kernel: Kernel, text: str) -> isl.Schedule:
