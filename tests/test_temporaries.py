@@ -133,3 +133,31 @@ def test_padded_conv_copy_is_not_zeroed():
 def test_model_zeroing_uses_the_same_analysis():
     from polyc.codegen import model
     assert model.reads_initial_values is reads_initial_values
+
+
+_KEYS_EXHAUSTED = r"""
+import ctypes, sys
+import numpy as np
+import polyc
+libc = ctypes.CDLL(None)
+key = ctypes.c_uint()
+taken = 0
+while libc.pthread_key_create(ctypes.byref(key), None) == 0:  # what ~1000 libraries take
+    taken += 1
+assert taken > 100, taken
+f = polyc.define(sys.argv[1])
+x = np.arange(12, dtype=np.float32).reshape(3, 4)
+np.testing.assert_allclose(f(x), x.sum(axis=1) + 1.0)
+print("ok", taken)
+"""
+
+
+def test_scratch_works_when_the_process_has_no_pthread_key_left():
+    """Every polyc library takes a pthread key for its scratch block; a process that
+    loaded about a thousand of them (a fuzzing campaign did) has none left. The block
+    is thread-local, so the kernel still runs (fuzz seed 5319: "cannot allocate")."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _KEYS_EXHAUSTED, ACCUMULATED],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]
