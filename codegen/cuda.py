@@ -128,14 +128,8 @@ def generate_cuda(kernel: Kernel, kernels: list[GpuKernel],
                   options: Options | None = None) -> CudaSource:
     """The ``.cu`` text of ``kernel`` mapped as ``kernels`` (see the module doc)."""
     options = options or Options(target="cuda")
-    dialect = CudaDialect()
     sym = _Symbols.of(kernel)
-    device, launches = [], []
-    for gk in kernels:
-        code, args = _kernel_function(kernel, sym, dialect, options, gk)
-        device.append(code)
-        launches.append(LaunchInfo(f"polyc_kernel{gk.index}", _grid(kernel, sym, gk),
-                                   gk.block, gk.note, args))
+    device, launches = device_kernels(kernel, kernels, options, sym=sym)
     host, params = _wrapper(kernel, sym, tuple(launches))
     comment = _comment(kernel, sym, tuple(launches))
     prelude = _device_prelude("\n".join(device + [host]))
@@ -148,6 +142,23 @@ def generate_cuda(kernel: Kernel, kernels: list[GpuKernel],
     return CudaSource(text, header, sym.function, kernel.name,
                       tuple(n for _, n in params), tuple(t for t, _ in params),
                       tuple(sym.sizes.items()), tuple(sym.arrays.items()), tuple(launches))
+
+
+def device_kernels(kernel: Kernel, kernels: list[GpuKernel], options: Options,
+                   prefix: str = "polyc_kernel", sym: _Symbols | None = None
+                   ) -> tuple[list[str], list[LaunchInfo]]:
+    """The ``__global__`` functions of ``kernel`` mapped as ``kernels``, named
+    ``<prefix><index>``, and how to launch each (a model's library prints several
+    operators' kernels in one file, each with its own prefix)."""
+    dialect = CudaDialect()
+    sym = sym or _Symbols.of(kernel)
+    device, launches = [], []
+    for gk in kernels:
+        name = f"{prefix}{gk.index}"
+        code, args = _kernel_function(kernel, sym, dialect, options, gk, name)
+        device.append(code)
+        launches.append(LaunchInfo(name, _grid(kernel, sym, gk), gk.block, gk.note, args))
+    return device, launches
 
 
 @dataclass(frozen=True)
@@ -368,7 +379,7 @@ def _kernel_params(kernel: Kernel, sym: _Symbols) -> list[tuple[str, str, str]]:
 
 
 def _kernel_function(kernel: Kernel, sym: _Symbols, dialect: CudaDialect, options: Options,
-                     gk: GpuKernel) -> tuple[str, tuple[str, ...]]:
+                     gk: GpuKernel, name: str) -> tuple[str, tuple[str, ...]]:
     """The kernel's definition, and the user names of the sizes and arrays it takes."""
     copies: dict[str, list[SharedCopy]] = {}
     tree = kernel_ast(kernel, gk, copies)
@@ -389,7 +400,7 @@ def _kernel_function(kernel: Kernel, sym: _Symbols, dialect: CudaDialect, option
                  for name, value in ids if _mentions(text, name)]
     used = [p for p in _kernel_params(kernel, sym) if _mentions(text, p[1])]
     params = ", ".join(f"{t} {n}" for t, n, _ in used) or "void"
-    head = f"__global__ void __launch_bounds__({gk.threads}) polyc_kernel{gk.index}({params})"
+    head = f"__global__ void __launch_bounds__({gk.threads}) {name}({params})"
     what = ", ".join(gk.statements)
     mapping = ", ".join(f"member {d.member} -> {d.axis} (tile {d.tile}, {d.block} threads)"
                         for d in gk.dims) or "one thread"

@@ -15,7 +15,9 @@ from polyc.errors import CallError
 from polyc.ir import Kernel
 
 from .c_family import CSource
+from .model_runtime import ModelLibrary
 from .runtime import CompiledFunction, load_library
+from .weights import WeightsError
 
 ORDERS = {"forward": 0, "reverse": 1, "env": -1}
 
@@ -52,3 +54,23 @@ class CudaFunction(CompiledFunction):
         fn.argtypes = [ctypes.c_int]
         fn.restype = None
         fn(ORDERS[order])
+
+
+class CudaModelLibrary(ModelLibrary):
+    """A CUDA model library (:mod:`.cuda_model`): the C target's calls, and its status
+    codes: 3 (a CUDA call failed) and 5 (no usable device) raise :class:`CallError`."""
+
+    def __init__(self, library_path: str, source: Any, weights_path: str) -> None:
+        try:
+            super().__init__(library_path, source, weights_path)
+        except WeightsError:
+            message = self._last_error().decode(errors="replace") if self._last_error else ""
+            if message:  # init failed on the device, not on the weights file
+                raise CallError(f"{source.name}_init: {message}") from None
+            raise
+
+    def _failed(self, status: int) -> None:
+        if status in (3, 5):
+            message = (self._last_error() or b"").decode(errors="replace")
+            raise CallError(f"{self.source.name}_run: {message}")
+        super()._failed(status)

@@ -8,6 +8,10 @@
                                # build/model.so, .h, .c and .weights (the model's weights)
     polyc compile model.onnx --tune [SECONDS]    # auto-tune each kernel (cached per machine)
     polyc tune model.onnx [--budget SECONDS]     # tune only, a line per kernel
+    polyc compile examples/matmul.tc --target cuda -o build/   # build/matmul.cu, .h, .so (nvcc)
+    polyc compile examples/matmul.tc --target cuda --emulate   # the .so built for the CPU emulation
+    polyc compile examples/matmul.tc --target cuda --emit cuda  # print the .cu
+    polyc compile examples/matmul.tc --target cuda --emit report --sizes M=1024,N=1024,K=1024
 
 The language comes from the extension: ``.tc`` is the TC language, ``.onnx`` an ONNX
 model; any other extension is refused unless ``--lang tc|onnx`` says which it is. A file
@@ -23,7 +27,9 @@ import sys
 from .errors import ParseError, PolycError, ToolchainError
 from .options import FUSION_MODES, Options
 
-EMITS = ("lib", "c", "header", "schedule", "ir", "deps")
+EMITS = ("lib", "c", "header", "schedule", "ir", "deps", "cuda", "report")
+#: what only the CUDA target emits
+CUDA_EMITS = ("cuda", "report")
 #: the language of each accepted file extension
 LANGUAGES = {".tc": "tc", ".onnx": "onnx"}
 
@@ -46,7 +52,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-q", "--quiet", action="store_true",
                    help="(.onnx) no progress messages on stderr")
     c.add_argument("--emit", choices=EMITS, default="lib",
-                   help="what to produce: the library (default) or print c/header/schedule/ir/deps")
+                   help="what to produce: the library (default) or print c/header/schedule/ir/"
+                   "deps; with --target cuda also cuda (the .cu) or report (the static GPU "
+                   "report: coalescing, bank conflicts, ptxas figures, occupancy)")
+    c.add_argument("--target", choices=("c", "cuda"), default="c",
+                   help="c (C with OpenMP, default) or cuda (CUDA C built by nvcc)")
+    c.add_argument("--emulate", action="store_true",
+                   help="(--target cuda) build the .cu with g++ and the CPU emulation header "
+                   "instead of nvcc")
+    c.add_argument("--gpu-arch", default=None, metavar="SM",
+                   help="(--target cuda) the SM architecture, e.g. sm_80 (default)")
+    c.add_argument("--gpu-block", default=None, metavar="X[,Y[,Z]]",
+                   help="(--target cuda) CUDA threads per block along x, y, z")
     c.add_argument("--fusion", choices=FUSION_MODES, default="smart")
     c.add_argument("--tile", default="auto",
                    help="'auto', 'none', or comma-separated tile sizes (e.g. 32,64,512)")
@@ -192,17 +209,41 @@ def _shapes(items: list[str]) -> dict[str, list[int]]:
 
 
 def _options(args: argparse.Namespace, specialize: bool) -> Options:
-    return Options(fusion=args.fusion, tile=_tile(args.tile), threads=args.threads,
-                   parallel=not args.no_parallel, vectorize=not args.no_simd,
-                   specialize=specialize, schedule=args.schedule, tune=args.tune)
+    target = getattr(args, "target", "c")
+    if target != "cuda":
+        for flag, value in (("--emulate", getattr(args, "emulate", False)),
+                            ("--gpu-arch", getattr(args, "gpu_arch", None)),
+                            ("--gpu-block", getattr(args, "gpu_block", None))):
+            if value:
+                raise SystemExit(f"polyc: error: {flag} is for --target cuda")
+        if getattr(args, "emit", None) in CUDA_EMITS:
+            raise SystemExit(f"polyc: error: --emit {args.emit} needs --target cuda")
+        return Options(fusion=args.fusion, tile=_tile(args.tile), threads=args.threads,
+                       parallel=not args.no_parallel, vectorize=not args.no_simd,
+                       specialize=specialize, schedule=args.schedule, tune=args.tune)
+    if args.emit == "c":
+        raise SystemExit("polyc: error: --target cuda emits cuda (the .cu), not c")
+    if args.tune:
+        raise SystemExit("polyc: error: --tune is for the C target")
+    extra: dict = {}
+    if args.gpu_arch:
+        extra["gpu_arch"] = args.gpu_arch
+    if args.gpu_block:
+        try:
+            extra["gpu_block"] = tuple(int(x) for x in args.gpu_block.split(","))
+        except ValueError:
+            raise SystemExit(f"polyc: error: --gpu-block expects integers, got "
+                             f"{args.gpu_block!r}") from None
+    return Options(target="cuda", emulate=args.emulate, fusion=args.fusion,
+                   specialize=specialize, schedule=args.schedule, **extra)
 
 
 def _compile_onnx(args: argparse.Namespace) -> int:
     from . import model
 
-    if args.emit not in ("lib", "c", "header"):
+    if args.emit not in ("lib", "c", "header", "cuda"):
         raise SystemExit(f"polyc: error: --emit {args.emit} is for .tc files; a model emits "
-                         "lib, c or header")
+                         "lib, c, cuda (with --target cuda) or header")
     if args.sizes or args.schedule:
         raise SystemExit("polyc: error: --sizes and --schedule are for .tc files "
                          "(give a model's input shapes with --shape)")
@@ -213,7 +254,16 @@ def _compile_onnx(args: argparse.Namespace) -> int:
                                model.progress_printer(progress))
     if args.emit != "lib":
         source = model.model_source(program, options, name=name, progress=progress)
-        print(source.text if args.emit == "c" else source.header)
+        print(source.header if args.emit == "header" else source.text)
+        return 0
+    if options.target == "cuda":  # written, not loaded: no GPU needed to build
+        from .codegen.cuda_model import write_cuda_model_files
+        from .codegen.weights import weights_bytes
+        say = model.progress_printer(progress)
+        source = model.model_source(program, options, name=name, progress=say)
+        blob = weights_bytes(source.weights, [v for _, v in program.weights])
+        files, _ = write_cuda_model_files(source, blob, options, args.output)
+        print(f"wrote {files.library} {files.header} {files.source} {files.weights}")
         return 0
     built = model.build_model(program, options, name=name, output_dir=args.output,
                               progress=progress)
@@ -252,8 +302,10 @@ def _compile(args: argparse.Namespace) -> int:
         kernel = kernel.specialize(sizes)
     emit = args.emit
     compiled = pipeline.compile_kernel(kernel, options, build=emit == "lib", progress=True)
-    if emit == "c":
+    if emit in ("c", "cuda"):
         print(compiled.c_source)
+    elif emit == "report":
+        print(compiled.gpu_report)
     elif emit == "header":
         print(compiled.header)
     elif emit == "schedule":
@@ -265,12 +317,13 @@ def _compile(args: argparse.Namespace) -> int:
     else:
         os.makedirs(args.output, exist_ok=True)
         base = os.path.join(args.output, file_stem(kernel.name))
+        ext = ".cu" if options.target == "cuda" else ".c"
         shutil.copyfile(compiled.library_path, base + ".so")
         with open(base + ".h", "w") as f:
             f.write(compiled.header)
-        with open(base + ".c", "w") as f:
+        with open(base + ext, "w") as f:
             f.write(compiled.c_source)
-        print(f"wrote {base}.so {base}.h {base}.c")
+        print(f"wrote {base}.so {base}.h {base}{ext}")
     return 0
 
 

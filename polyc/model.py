@@ -55,11 +55,12 @@ class CompiledModel:
     """
 
     def __init__(self, source: ModelSource, program: Program, library_path: str,
-                 header_path: str, weights_path: str, source_path: str, loaded_path: str):
+                 header_path: str, weights_path: str, source_path: str, loaded_path: str,
+                 library_class: type[ModelLibrary] = ModelLibrary):
         self.source, self.program = source, program
         self.library_path, self.header_path = library_path, header_path
         self.weights_path, self.source_path = weights_path, source_path
-        self._library = ModelLibrary(loaded_path, source, weights_path)
+        self._library = library_class(loaded_path, source, weights_path)
         self._output_index = {t.name: i for i, t in enumerate(source.outputs)}
 
     @property
@@ -145,6 +146,8 @@ def build_model(program: Program, options: Options | None = None, *, name: str |
     """
     options = options or Options()
     say = progress_printer(progress)
+    if options.target == "cuda":
+        return _build_cuda_model(program, options, name, output_dir, say)
     source = model_source(program, options, name=name, progress=say)
     if say:
         say(f"{len(program.steps)} steps, {source.functions} distinct kernels; compiling C")
@@ -156,10 +159,45 @@ def build_model(program: Program, options: Options | None = None, *, name: str |
                          files.source, cached)
 
 
+def _build_cuda_model(program: Program, options: Options, name: str | None,
+                      output_dir: str | None, say: Progress | None) -> CompiledModel:
+    """Target ``"cuda"``: one ``.cu`` (:mod:`polyc.codegen.cuda_model`) built by nvcc, or
+    by g++ with the CPU emulation when ``options.emulate``."""
+    from .codegen.cuda_model import write_cuda_model_files
+    from .codegen.cuda_runtime import CudaModelLibrary
+    source = model_source(program, options, name=name, progress=say)
+    if say:
+        say(f"{len(program.steps)} steps, {source.functions} distinct operators; compiling "
+            + ("for the CPU emulation" if options.emulate else "with nvcc"))
+    blob = weights_bytes(source.weights, [v for _, v in program.weights])
+    files, cached = write_cuda_model_files(source, blob, options, output_dir)
+    if say:
+        say(f"built {files.library} ({source.plan.describe()})")
+    return CompiledModel(source, program, files.library, files.header, files.weights,
+                         files.source, cached, library_class=CudaModelLibrary)
+
+
+def gpu_mapper(options: Options) -> Callable[[Kernel], Any]:
+    """The pipeline's stages check .. legality, then the GPU mapping, as
+    :func:`polyc.codegen.cuda_model.generate_cuda_model` wants them."""
+    from .schedule.gpu_map import map_to_gpu
+
+    def gpu_map(kernel: Kernel) -> Any:
+        scheduled = pipeline.schedule_kernel(kernel, options)
+        return scheduled.kernel, map_to_gpu(scheduled.kernel, scheduled.deps,
+                                            scheduled.schedule, options)
+    return gpu_map
+
+
 def model_source(program: Program, options: Options | None = None, *, name: str | None = None,
                  progress: bool | Progress | None = False) -> ModelSource:
-    """The C, header and layouts of ``program`` (nothing built or written)."""
+    """The C (or, for target ``"cuda"``, the ``.cu``), header and layouts of ``program``
+    (nothing built or written)."""
     options = options or Options()
+    if options.target == "cuda":
+        from .codegen.cuda_model import generate_cuda_model
+        return generate_cuda_model(program, gpu_mapper(options), options, name=name,
+                                   progress=progress_printer(progress))
     return generate_model(program, schedule_function(options, progress=bool(progress)),
                           options, name=name, progress=progress_printer(progress))
 
@@ -222,13 +260,23 @@ def lower_onnx(model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
 def compile_onnx(model: str | os.PathLike | bytes | Any,
                  shapes: Mapping[str, Sequence[int]] | None = None,
                  options: Options | None = None, progress: bool | Progress = False, *,
-                 name: str | None = None, output_dir: str | None = None) -> CompiledModel:
+                 name: str | None = None, output_dir: str | None = None,
+                 target: str | None = None, emulate: bool | None = None) -> CompiledModel:
     """Compile an ONNX model (a path, serialized bytes or an ``onnx.ModelProto``).
 
     ``shapes`` fixes symbolic input dimensions (``{"input": (1, 3, 224, 224)}``);
     ``progress=True`` reports each stage on stderr (or pass a callable taking a str).
     The C prefix is ``name``, else the file's stem, else the graph's name.
+    ``target="cuda"`` (``emulate=True``: run on the CPU emulation) overrides ``options``.
     """
+    options = options or Options()
+    if target is not None or emulate is not None:
+        changes: dict[str, Any] = {}
+        if target is not None:
+            changes["target"] = target
+        if emulate is not None:
+            changes["emulate"] = emulate
+        options = options.replace(**changes)
     say = progress_printer(progress)
     program = lower_onnx(model, shapes, say)
     if name is None and isinstance(model, (str, os.PathLike)):
