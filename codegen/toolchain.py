@@ -290,6 +290,8 @@ def _run_compiler(command: list[str]) -> subprocess.CompletedProcess[str] | OSEr
     try:
         return on_original_cpus(lambda: subprocess.run(command, capture_output=True,
                                                        text=True, check=False), "polyc-cc")
+    except (TimeoutError, InterruptedError):  # OSErrors, but the caller's, not the compiler's
+        raise
     except OSError as err:
         return err
 

@@ -153,6 +153,12 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     return Scheduled(kernel, deps, sched)
 
 
+#: lines of C past which a tiled kernel is compiled untiled: isl's AST of parametric tiles
+#: over many fused statements can reach tens of thousands of lines (fuzz seed 9152: 9,195
+#: lines that gcc -O3 took minutes on); real operators stay far below
+MAX_TILED_C_LINES = 4000
+
+
 def compile_kernel(kernel: Kernel, options: Options, *, build: bool = True,
                    progress: bool = False) -> Compiled:
     """Every stage; ``build=False`` stops after printing C. With ``options.tune``, a
@@ -166,6 +172,14 @@ def compile_kernel(kernel: Kernel, options: Options, *, build: bool = True,
     scheduled = schedule_kernel(kernel, options, stage)
     source = stage("c", generate_c(scheduled.kernel, scheduled.schedule, options),
                    lambda c: c.text)
+    lines = source.text.count("\n")
+    if options.tile is not False and lines > MAX_TILED_C_LINES:
+        warnings.warn(PolycWarning(
+            f"{kernel.name}: tiling gave {lines} lines of C (more than {MAX_TILED_C_LINES}: "
+            "parametric tiles of many fused statements); compiled untiled instead"),
+            stacklevel=2)
+        return compile_kernel(kernel, options.replace(tile=False), build=build,
+                              progress=progress)
     if not build:
         return Compiled(scheduled, source, None)
     path = stage("build", build_shared(source, options))
