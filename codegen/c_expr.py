@@ -382,9 +382,11 @@ def _prelude() -> str:
              f"{{ const {ct} m = a > b ? a : b; return b != b ? a : m; }}"),
             (f"static inline {ct} polyc_fmin{f}({ct} a, {ct} b) "
              f"{{ const {ct} m = a < b ? a : b; return b != b ? a : m; }}"),
+            # floor modulo: the result has the divisor's sign, a zero result too (as
+            # Python's and numpy's: -0.5 % 0.5 is +0.0, which copysign can see)
             (f"static inline {ct} polyc_mod{f}({ct} a, {ct} b) "
-             f"{{ const {ct} r = fmod{f}(a, b); return r != {zero} && (r < {zero}) != (b < {zero}) "
-             "? r + b : r; }")]
+             f"{{ const {ct} r = fmod{f}(a, b); return r == {zero} ? copysign{f}({zero}, b) "
+             f": (r < {zero}) != (b < {zero}) ? r + b : r; }}")]
     lines += [
         "/* bytes for count elements of elem bytes, rounded up to 64 */",
         "static inline size_t polyc_bytes(int64_t count, size_t elem)",
