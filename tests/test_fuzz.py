@@ -179,8 +179,8 @@ def test_regression(path, cache_dir):
         warnings.simplefilter("ignore", PolycWarning)
         if mod.OPEN:
             try:
-                S._with_timeout(mod.check, 20)
+                S._with_timeout(lambda: S.check_reproducer(mod), 20)
             except (Exception, TimeoutError) as e:  # noqa: BLE001
                 pytest.xfail(f"{mod.OPEN}: {type(e).__name__}: {str(e)[:200]}")
             return
-        S._with_timeout(mod.check, 60)
+        S._with_timeout(lambda: S.check_reproducer(mod), 60)

@@ -367,6 +367,33 @@ if __name__ == "__main__":
 '''
 
 
+def run_reproducer(mod):
+    """polyc's outputs for a reproducer module's case (its SOURCE or EINSUM, ENTRY,
+    OPTIONS and INPUTS), as the written reproducers' ``run()`` computes them."""
+    import polyc
+    if mod.EINSUM:
+        return [polyc.einsum(mod.EINSUM, *mod.INPUTS, **mod.OPTIONS)]
+    out = polyc.define(mod.SOURCE, name=mod.ENTRY, **mod.OPTIONS)(*mod.INPUTS)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def check_reproducer(mod):
+    """Raises AssertionError (or polyc's error) while the reproducer's bug is there: the
+    check of the written reproducers' ``check()``, for the data-only files kept in
+    ``tests/fuzz/regressions/``."""
+    actual = run_reproducer(mod)
+    assert len(actual) == len(mod.EXPECTED), (len(actual), len(mod.EXPECTED))
+    for k, (e, s, a) in enumerate(zip(mod.EXPECTED, mod.STABLE, actual)):
+        a = np.asarray(a)
+        assert a.shape == e.shape, f"output {k}: shape {a.shape}, expected {e.shape}"
+        assert a.dtype == e.dtype, f"output {k}: dtype {a.dtype}, expected {e.dtype}"
+        if e.dtype.kind == "f":
+            ok = np.isclose(a, e, rtol=2e-3, atol=1e-4, equal_nan=True) | (a == e) | ~s
+        else:
+            ok = (a == e) | ~s
+        assert ok.all(), f"output {k}: expected\n{e}\ngot\n{a}"
+
+
 def reproducer_text(case: G.Case, out: Outcome, open_reason=None) -> str:
     detail = ""
     if out.detail:
