@@ -227,7 +227,7 @@ POLYC_EXPORT void {m}_free({m}_model *model)
 
 def _errors_code(m: str, checks: bool) -> str:
     return _ERRORS.format(m=m, STATUS_MEMORY=STATUS_MEMORY, STATUS_CUDA=STATUS_CUDA) + (
-        _INDEX_ERROR.format(STATUS_INDEX=STATUS_INDEX) if checks else "") + _CHECK_MACRO
+        model_c.index_error_function("polyc_message") if checks else "") + _CHECK_MACRO
 
 
 _ERRORS = """static thread_local char polyc_message[1024];
@@ -260,29 +260,6 @@ static bool polyc_device_ok(void)
 }}
 """
 
-_INDEX_ERROR = """
-/* an index out of range: prefix, value, " at [i, j..]", suffix */
-static int polyc_index_error(const char *prefix, long long value, size_t flat,
-                             const int64_t *shape, int rank, const char *suffix)
-{{
-  char at[160];
-  size_t used = 0;
-  at[0] = '\\0';
-  for (int d = 0; d < rank && used < sizeof at; d++) {{
-    uint64_t stride = 1;
-    for (int e = d + 1; e < rank; e++)
-      stride *= (uint64_t)shape[e];
-    const int n = snprintf(at + used, sizeof at - used, "%s%llu", d ? ", " : "",
-                           (unsigned long long)((flat / stride) % (uint64_t)shape[d]));
-    if (n < 0)
-      break;
-    used += (size_t)n;
-  }}
-  snprintf(polyc_message, sizeof polyc_message, "%s%lld at [%s]%s", prefix, value, at,
-           suffix);
-  return {STATUS_INDEX};
-}}
-"""
 
 _CHECK_MACRO = """
 #define POLYC_CHECK(name, call) do { const cudaError_t polyc_e = (call); \\

@@ -425,24 +425,11 @@ def _check_code(c, prog: Program, ptr: _Pointers) -> list[str]:
         "  }"]
 
 
-def _errors_code(p: Parts) -> str:
-    """The run's error message (per thread) and the functions that set it (each only
-    where used: the library may be built with -Wall -Werror)."""
-    m = p.prefix
-    kernel_failed = f"""
-static int polyc_step_failed(int status, const char *kernel)
-{{
-  if (status == 2) {{
-    snprintf(polyc_run_error, sizeof polyc_run_error,
-             "{_c_string(m)}_run: out of memory in the kernel %s", kernel);
-    return 2;
-  }}
-  snprintf(polyc_run_error, sizeof polyc_run_error,
-           "{_c_string(m)}_run: internal error: the kernel %s returned %d", kernel, status);
-  return 3;
-}}
-""" if p.program.steps else ""
-    index_error = f"""
+def index_error_function(buffer: str) -> str:
+    """The C helper that writes an out-of-range index's message (prefix, value,
+    ``" at [i, j..]"``, suffix) into ``buffer`` and returns :data:`STATUS_INDEX`; shared
+    by the C and CUDA model libraries."""
+    return f"""
 /* an index out of range: the message is prefix, value, " at [i, j..]", suffix */
 static int polyc_index_error(const char *prefix, long long value, size_t flat,
                              const int64_t *shape, int rank, const char *suffix)
@@ -460,11 +447,31 @@ static int polyc_index_error(const char *prefix, long long value, size_t flat,
       break;
     used += (size_t)n;
   }}
-  snprintf(polyc_run_error, sizeof polyc_run_error, "%s%lld at [%s]%s", prefix, value, at,
+  snprintf({buffer}, sizeof {buffer}, "%s%lld at [%s]%s", prefix, value, at,
            suffix);
   return {STATUS_INDEX};
 }}
-""" if p.program.checks else ""
+"""
+
+
+def _errors_code(p: Parts) -> str:
+    """The run's error message (per thread) and the functions that set it (each only
+    where used: the library may be built with -Wall -Werror)."""
+    m = p.prefix
+    kernel_failed = f"""
+static int polyc_step_failed(int status, const char *kernel)
+{{
+  if (status == 2) {{
+    snprintf(polyc_run_error, sizeof polyc_run_error,
+             "{_c_string(m)}_run: out of memory in the kernel %s", kernel);
+    return 2;
+  }}
+  snprintf(polyc_run_error, sizeof polyc_run_error,
+           "{_c_string(m)}_run: internal error: the kernel %s returned %d", kernel, status);
+  return 3;
+}}
+""" if p.program.steps else ""
+    index_error = index_error_function("polyc_run_error") if p.program.checks else ""
     return f"""/* the message of the last failed run of this thread ({m}_last_error) */
 static _Thread_local char polyc_run_error[512];
 
