@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 from dataclasses import dataclass
 
 import islpy as isl
@@ -233,8 +234,9 @@ class BodyPrinter:
                  index_names: dict[str, str]):
         self.dtypes, self.shapes = dtypes, shapes
         self.size_names, self.array_names, self.index_names = size_names, array_names, index_names
-        #: arrays kept in a register tile's accumulator: array -> (C name, [(dim, offset)])
-        self.promoted: dict[str, tuple[str, list[tuple[int, str]]]] = {}
+        #: arrays kept in a register tile's accumulator: array -> (C name, [(dim, offset)]
+        #: or [(dim, offset, step)])
+        self.promoted: dict[str, tuple[str, list[tuple[Any, ...]]]] = {}
 
     def dtype(self, e: E.Expr) -> str:
         return E.infer_dtype(e, self.dtypes)
@@ -252,9 +254,11 @@ class BodyPrinter:
         """``A[i*N + j]``: the row-major element of ``array``."""
         promoted = self.promoted.get(array)
         if promoted is not None:  # acc[i0 - lo0][i1 - lo1]: a register tile's element
-            acc, dims = promoted
-            return Piece(acc + "".join(f"[{self.expr(indices[d], 'int64').at(ADD)} - {lo}]"
-                                       for d, lo in dims))
+            acc, dims = promoted   # ([(i - lo) / step] where a dimension has a step)
+            return Piece(acc + "".join(
+                f"[{self.expr(indices[d], 'int64').at(ADD)} - {lo}]" if not step else
+                f"[({self.expr(indices[d], 'int64').at(ADD)} - {lo}) / {step[0]}]"
+                for d, lo, *step in dims))
         extents = self.shapes[array]
         # an indirect index (a read of an int32 tensor...) is computed in its own type,
         # then widened: the element offset is int64 arithmetic

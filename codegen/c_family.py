@@ -215,7 +215,7 @@ class _Walker:
         self.isl_names = dict(sym.sizes)  # isl identifier -> C (sizes, then loop iterators)
         self.promotions = promotions or {}
         #: arrays held in a local accumulator here: array -> (C name, [(dim, offset name)])
-        self.promoted: dict[str, tuple[str, list[tuple[int, str]]]] = {}
+        self.promoted: dict[str, tuple[str, list[tuple[Any, ...]]]] = {}
 
     def node(self, n: isl.AstNode, pending: Pending, in_parallel: bool) -> list[cgen.Generable]:
         t = n.get_type()

@@ -8,7 +8,7 @@ The kernels' bodies come from the same isl AST walk as the C target
     #define POLYC_LAUNCH(kernel, grid, block, ...) kernel<<<grid, block>>>(__VA_ARGS__)
     #endif
 
-    __global__ void __launch_bounds__(256) polyc_kernel1(int64_t M, ..., float *__restrict__ C)
+    __global__ void __launch_bounds__(256, 1) polyc_kernel1(int64_t M, ..., float *__restrict__ C)
     {
       __shared__ float polyc_shared_A[8][32];       // arrays promoted by gpu_map, if any
       const int64_t polyc_b0 = blockIdx.x, polyc_t0 = threadIdx.x;   // those it uses
@@ -57,7 +57,7 @@ from polyc.options import Options
 
 from .ast import annotate_marks, loop_depth, size_check
 from .c_expr import ADD, CTYPES, PRELUDE, PRIMARY, isl_expr, loop_var
-from .c_family import CDialect, CSource, _mentions, _product, _Symbols, _Walker
+from .c_family import CDialect, CSource, _block, _mentions, _product, _Symbols, _Walker
 from .initial_values import reads_before_writing
 
 #: The mapping comes from ``polyc.schedule.gpu_map`` (``GpuKernel``, ``MappedDim``,
@@ -69,6 +69,8 @@ MappedDim = Any
 SharedArray = Any
 #: the mark ``gpu_map`` puts between a kernel's tile band and its point band
 SHARED_MARK = "polyc_shared"
+#: the mark above the reduction's tile loops of a register-tiled kernel
+PRIVATE_MARK = "polyc_private"
 
 #: status codes of the host wrapper beyond the C target's 0 (ok) and 1 (sizes)
 STATUS_CUDA_ERROR = 3
@@ -117,6 +119,11 @@ def _device_prelude(used: str) -> str:
         "#ifndef POLYC_LAUNCH  /* cuda_emu.h (CPU emulation) defines its own */",
         "#define POLYC_LAUNCH(kernel, grid, block, ...) kernel<<<grid, block>>>(__VA_ARGS__)",
         "#endif",
+        "#ifdef __CUDACC__  /* unrolled by nvcc: a register tile's indices become constants */",
+        "#define POLYC_UNROLL _Pragma(\"unroll\")",
+        "#else",
+        "#define POLYC_UNROLL",
+        "#endif",
         "#ifndef POLYC_EXPORT",
         '#define POLYC_EXPORT extern "C" __attribute__((visibility("default")))',
         "#endif", "",
@@ -135,9 +142,16 @@ def generate_cuda(kernel: Kernel, kernels: list[GpuKernel],
     prelude = _device_prelude("\n".join(device + [host]))
     text = "\n\n".join([comment, prelude, *device, host]) + "\n"
     decl = f"int {sym.function}({', '.join(f'{t} {n}' for t, n in params)});"
-    header = (f"{comment}\n#include <stdint.h>\n#include <stdbool.h>\n\n"
+    header = (f"{comment}\n#include <stdint.h>\n#include <stdbool.h>\n#include <stddef.h>\n\n"
               f"#ifdef __cplusplus\nextern \"C\" {{\n#endif\n{decl}\n"
               f"const char *{sym.function}_last_error(void);\n"
+              f"/* the same on device pointers (no copies), and device memory */\n"
+              f"{decl[:-1].replace(sym.function + '(', sym.function + '_device(', 1)};\n"
+              f"int {sym.function}_device_malloc(void **pointer, size_t bytes);\n"
+              f"int {sym.function}_device_free(void *pointer);\n"
+              f"int {sym.function}_device_memcpy(void *to, const void *from, size_t bytes, "
+              f"int kind);\n"
+              f"int {sym.function}_device_memset(void *pointer, int value, size_t bytes);\n"
               f"#ifdef __cplusplus\n}}\n#endif\n")
     return CudaSource(text, header, sym.function, kernel.name,
                       tuple(n for _, n in params), tuple(t for t, _ in params),
@@ -187,10 +201,16 @@ def kernel_ast(kernel: Kernel, gk: GpuKernel,
 
     def after_mark(node: isl.AstNode, at: isl.AstBuild) -> isl.AstNode:
         try:  # an exception inside an isl callback would crash the process: keep it
-            if node.mark_get_id().get_name() != SHARED_MARK:
-                return node
+            name = node.mark_get_id().get_name()
             key = f"polyc_copy{len(copies)}"
-            copies[key] = [_copy(kernel, stmts, sa, at) for sa in gk.shared]
+            if name == SHARED_MARK:
+                copies[key] = [_copy(kernel, read_relation(kernel, stmts, sa.array), sa, at)
+                               for sa in gk.shared]
+            elif name == PRIVATE_MARK:
+                p = gk.private
+                copies[key] = [_copy(kernel, write_relation(kernel, stmts, p.array), p, at)]
+            else:
+                return node
             return node.set_annotation(isl.Id(key, context=ctx))
         except BaseException as e:  # noqa: BLE001 -- re-raised after isl returns
             errors.append(e)
@@ -215,11 +235,22 @@ def read_relation(kernel: Kernel, stmts: list, array: str) -> isl.UnionMap:
     return rel.intersect_params(kernel.context)
 
 
-def _copy(kernel: Kernel, stmts: list, sa: SharedArray, build: isl.AstBuild) -> SharedCopy:
+def write_relation(kernel: Kernel, stmts: list, array: str) -> isl.UnionMap:
+    """``{ S[i] -> array[...] }``: the writes of ``array`` by ``stmts``."""
+    rel = isl.UnionMap.empty(kernel.context.get_space())
+    for s in stmts:
+        if s.write.array == array:
+            rel = rel.union(isl.UnionMap.from_map(s.write.relation(s.domain)))
+    return rel.intersect_params(kernel.context)
+
+
+def _copy(kernel: Kernel, relation: isl.UnionMap, sa: Any, build: isl.AstBuild) -> SharedCopy:
+    """The box of the elements ``relation`` touches in one iteration of the loops above
+    ``build``'s position (the whole block's instances)."""
     sched = build.get_schedule()
-    footprint = sched.reverse().apply_range(read_relation(kernel, stmts, sa.array))
+    footprint = sched.reverse().apply_range(relation)
     if footprint.n_map() != 1:
-        raise InternalError(f"the shared footprint of {sa.array} is {footprint}")
+        raise InternalError(f"the footprint of {sa.array} is {footprint}")
     fp = footprint.get_map_list().get_at(0)
     rank = fp.dim(isl.dim_type.out)
     los, spans = [], []
@@ -287,11 +318,66 @@ class _CudaWalker(_Walker):
         raise InternalError(f"cannot print the mapped member {d.axis} of {name}: {found}")
 
     def node(self, n: isl.AstNode, pending: tuple, in_parallel: bool) -> list[cgen.Generable]:
-        if (n.get_type() == isl.ast_node_type.mark
-                and n.mark_get_id().get_name() == SHARED_MARK):
-            return self._shared(self.copies[n.get_annotation().get_name()],
-                                n.mark_get_node(), pending, in_parallel)
+        if n.get_type() == isl.ast_node_type.mark:
+            name = n.mark_get_id().get_name()
+            if name == SHARED_MARK:
+                return self._shared(self.copies[n.get_annotation().get_name()],
+                                    n.mark_get_node(), pending, in_parallel)
+            if name == PRIVATE_MARK:
+                return self._private(self.copies[n.get_annotation().get_name()][0],
+                                     n.mark_get_node(), pending, in_parallel)
         return super().node(n, pending, in_parallel)
+
+    def _private(self, c: SharedCopy, body: isl.AstNode, pending: tuple,
+                 in_parallel: bool) -> list[cgen.Generable]:
+        """A register tile: the thread's elements of the array (``base + B*p`` along each
+        mapped axis, p < points) loaded into a local array before the reduction's loops
+        and stored after them; unrolled, so that nvcc keeps them in registers. Elements
+        outside the block's box of this iteration are neither loaded nor stored."""
+        p = self.gk.private
+        a = p.array
+        name = f"polyc_reg_{self.sym.arrays[a]}"
+        ctype = CTYPES[self.kernel.array(a).dtype]
+        mapped = [(d, self.gk.dims[axis]) for d, axis in enumerate(p.axes) if axis is not None]
+        code: list[cgen.Generable] = [cgen.Statement(
+            f"{ctype} {name}{''.join(f'[{n}]' for n in p.points)} = {{}}")]
+        lo = [f"{name}_lo{d}" for d in range(len(p.axes))]
+        hi = [f"{name}_hi{d}" for d in range(len(p.axes))]
+        for d in range(len(p.axes)):
+            code.append(cgen.Statement(f"const int64_t {lo[d]} = {self._isl(c.lo[d]).text}"))
+        base = {}
+        for d, m in mapped:
+            code.append(cgen.Statement(f"const int64_t {hi[d]} = {lo[d]} + "
+                                       f"{self._isl(c.span[d]).at(ADD)}"))
+            base[d] = f"{name}_base{d}"
+            first = ((f"{m.lo} + " if m.lo else "")
+                     + f"{m.tile} * {m.block_param} + {m.thread_param}")
+            code.append(cgen.Statement(f"const int64_t {base[d]} = {first}"))
+        names = {f"polyc_g{d}": lo[d] for d in range(len(p.axes))}
+        for k, (d, m) in enumerate(mapped):
+            names[f"polyc_g{d}"] = f"({base[d]} + {m.block} * polyc_p{k})"
+        printer = self.sym.printer(self.kernel, names)
+        element = printer.element(a, tuple(E.Index(f"polyc_g{d}")
+                                           for d in range(len(p.axes)))).text
+        local = name + "".join(f"[polyc_p{k}]" for k in range(len(mapped)))
+        inside = " && ".join(f"{names[f'polyc_g{d}']} >= {lo[d]} && "
+                             f"{names[f'polyc_g{d}']} <= {hi[d]}" for d, _ in mapped)
+
+        def copy(stmt: str) -> cgen.Generable:
+            loop: cgen.Generable = cgen.If(inside, cgen.Statement(stmt))
+            for k in reversed(range(len(mapped))):
+                loop = cgen.Block([cgen.Line("POLYC_UNROLL"),
+                                   cgen.For(f"int polyc_p{k} = 0", f"polyc_p{k} < {p.points[k]}",
+                                            f"polyc_p{k}++", _block([loop]))])
+            return loop
+
+        self.promoted[a] = (name, [(d, base[d], m.block) for d, m in mapped])
+        try:
+            inner = self.node(body, pending, in_parallel)
+        finally:
+            self.promoted.pop(a, None)
+        return [cgen.Block(code + [copy(f"{local} = {element}")] + inner
+                           + [copy(f"{element} = {local}")])]
 
     def _for(self, n: isl.AstNode, pending: tuple, in_parallel: bool) -> list[cgen.Generable]:
         """A point loop mapped to threads (kernels with shared arrays, see
@@ -318,6 +404,13 @@ class _CudaWalker(_Walker):
         inc = self._isl(n.for_get_inc()).text
         if inc != "1":
             raise InternalError(f"a thread-mapped loop steps by {inc}")
+        if self.gk.private is not None:  # a register tile: the thread's points, unrolled
+            q = f"polyc_q{depth}"
+            cond = self._isl(n.for_get_cond()).text
+            return [cgen.Block([cgen.Line("POLYC_UNROLL"), cgen.For(
+                f"int {q} = 0", f"{q} < {d.tile // d.block}", f"{q}++",
+                cgen.Block([cgen.Statement(f"const int64_t {var} = {base} + {d.block} * {q}"),
+                            cgen.If(f"{var} >= {init} && {cond}", cgen.Block(body))]))])]
         return [cgen.For(f"int64_t {var} = {base}", self._isl(n.for_get_cond()).text,
                          f"{var} += {d.block}",
                          cgen.Block([cgen.If(f"{var} >= {init}", cgen.Block(body))]))]
@@ -400,13 +493,17 @@ def _kernel_function(kernel: Kernel, sym: _Symbols, dialect: CudaDialect, option
                  for name, value in ids if _mentions(text, name)]
     used = [p for p in _kernel_params(kernel, sym) if _mentions(text, p[1])]
     params = ", ".join(f"{t} {n}" for t, n, _ in used) or "void"
-    head = f"__global__ void __launch_bounds__({gk.threads}) {name}({params})"
+    # at least one block per SM: ptxas may then use the registers a register tile needs
+    # instead of spilling to fit more blocks
+    head = f"__global__ void __launch_bounds__({gk.threads}, 1) {name}({params})"
     what = ", ".join(gk.statements)
     mapping = ", ".join(f"member {d.member} -> {d.axis} (tile {d.tile}, {d.block} threads)"
                         for d in gk.dims) or "one thread"
     if gk.shared:
         mapping += "; shared: " + ", ".join(
             f"{sa.array}{list(sa.box)}" for sa in gk.shared)
+    if gk.private is not None:
+        mapping += (f"; registers: {gk.private.array}{list(gk.private.points)} per thread")
     note = f"\n   {gk.note}" if gk.note else ""
     return (f"/* kernel {gk.index}: {what}; {mapping}{note} */\n"
             f"{head}\n{cgen.Block(prologue + body)}"), tuple(p[2] for p in used)
@@ -423,6 +520,9 @@ def _grid(kernel: Kernel, sym: _Symbols, gk: GpuKernel) -> tuple[str, str, str]:
 
 def _wrapper(kernel: Kernel, sym: _Symbols, launches: tuple[LaunchInfo, ...]
              ) -> tuple[str, list[tuple[str, str]]]:
+    """The host side: ``<fn>`` (host arrays: copied in and out), ``<fn>_device`` (device
+    arrays: no copies) and the device-memory calls polyc's Python runtime uses for
+    device arrays (``<fn>_device_malloc``, ``_free``, ``_memcpy``, ``_memset``)."""
     fn = sym.function
     params = [("int64_t", sym.sizes[s]) for s in kernel.sizes]
     for names, const in ((kernel.inputs, "const "), (kernel.outputs, "")):
@@ -430,52 +530,45 @@ def _wrapper(kernel: Kernel, sym: _Symbols, launches: tuple[LaunchInfo, ...]
     printer = sym.printer(kernel, {})
     arrays = _device_arrays(kernel)
     dev = {a: f"polyc_d{i}" for i, (a, _) in enumerate(arrays)}
-    lines = ["static thread_local char polyc_message[1024];",
-             f"POLYC_EXPORT const char *{fn}_last_error(void)", "{",
-             "  return polyc_message;", "}", "",
-             "static int polyc_fail(const char *call, cudaError_t e)", "{",
-             "  snprintf(polyc_message, sizeof polyc_message, \"%s returned %d (%s: %s)\",",
-             "           call, (int)e, cudaGetErrorName(e), cudaGetErrorString(e));",
-             f"  return {STATUS_CUDA_ERROR};", "}", "",
-             "#define POLYC_CHECK(name, call) do { const cudaError_t polyc_e = (call); \\",
-             "    if (polyc_e != cudaSuccess) { polyc_status = polyc_fail(name, polyc_e); \\",
-             "                                  goto polyc_done; } } while (0)", "",
-             f"POLYC_EXPORT int {fn}({', '.join(f'{t} {n}' for t, n in params)})", "{"]
-    body: list[str] = []
-    check = size_check(kernel)
-    if check is not None:
-        body.append(f"if (!{isl_expr(check, dict(sym.sizes)).at(PRIMARY)}) return 1;")
-    body += ["int polyc_count = 0;",
-             "const cudaError_t polyc_first = cudaGetDeviceCount(&polyc_count);",
-             "if (polyc_first != cudaSuccess || polyc_count == 0) {",
-             "  if (polyc_first != cudaSuccess)",
-             "    snprintf(polyc_message, sizeof polyc_message, \"no usable CUDA device: "
-             "cudaGetDeviceCount returned %d (%s: %s)\",",
-             "             (int)polyc_first, cudaGetErrorName(polyc_first), "
-             "cudaGetErrorString(polyc_first));",
-             "  else",
-             "    snprintf(polyc_message, sizeof polyc_message, \"no usable CUDA device: "
-             "cudaGetDeviceCount found none\");",
-             f"  return {STATUS_NO_DEVICE};", "}",
-             "int polyc_status = 0;"]
-    for i, (a, _) in enumerate(arrays):
-        ctype = CTYPES[kernel.array(a).dtype]
-        count = printer.expr(_product(kernel.array(a).shape), "int64").text
-        body.append(f"const size_t polyc_bytes{i} = (size_t)({count}) * sizeof({ctype});")
-        body.append(f"{ctype} *{dev[a]} = NULL;")
-    for i, (a, _) in enumerate(arrays):
-        ctype = CTYPES[kernel.array(a).dtype]
-        body.append(f"POLYC_CHECK(\"cudaMalloc\", cudaMalloc((void **)&{dev[a]}, "
-                    f"polyc_bytes{i} ? polyc_bytes{i} : 1));")
-    for i, (a, _) in enumerate(arrays):
-        if kernel.array(a).role == "temp":
-            if reads_before_writing(kernel, a):
-                body.append(f"POLYC_CHECK(\"cudaMemset\", cudaMemset({dev[a]}, 0, "
-                            f"polyc_bytes{i}));")
-        else:
-            body.append(f"if (polyc_bytes{i}) POLYC_CHECK(\"cudaMemcpy (to the device)\", "
-                        f"cudaMemcpy({dev[a]}, {sym.arrays[a]}, polyc_bytes{i}, "
-                        "cudaMemcpyHostToDevice));")
+    bytes_of = {a: f"polyc_bytes{i}" for i, (a, _) in enumerate(arrays)}
+    user = [a for a, _ in arrays if kernel.array(a).role != "temp"]
+    temps = [a for a, _ in arrays if kernel.array(a).role == "temp"]
+    sizes_text = "".join(f"{sym.sizes[s]}, " for s in kernel.sizes)
+
+    def byte_counts(names: list[str]) -> list[str]:
+        out = []
+        for a in names:
+            ctype = CTYPES[kernel.array(a).dtype]
+            count = printer.expr(_product(kernel.array(a).shape), "int64").text
+            out.append(f"const size_t {bytes_of[a]} = (size_t)({count}) * sizeof({ctype});")
+        return out
+
+    def allocate(names: list[str]) -> list[str]:
+        out = [f"{CTYPES[kernel.array(a).dtype]} *{dev[a]} = NULL;" for a in names]
+        return out + [f"POLYC_CHECK(\"cudaMalloc\", cudaMalloc((void **)&{dev[a]}, "
+                      f"{bytes_of[a]} ? {bytes_of[a]} : 1));" for a in names]
+
+    def free(names: list[str]) -> list[str]:
+        out = []
+        for a in names:
+            out += [f"if ({dev[a]}) {{",
+                    f"  const cudaError_t polyc_e = cudaFree({dev[a]});",
+                    "  if (polyc_e != cudaSuccess && polyc_status == 0)",
+                    "    polyc_status = polyc_fail(\"cudaFree\", polyc_e);", "}"]
+        return out
+
+    def function(head: str, body: list[str], tail: list[str]) -> list[str]:
+        return ([head, "{"] + ["  " + ln for ln in body]
+                + [ln if ln.endswith(":") else "  " + ln for ln in tail] + ["}", ""])
+
+    # the launches, on device arrays (inputs and outputs given, temporaries allocated)
+    launch_params = ", ".join([f"{t} {n}" for t, n in params[:len(kernel.sizes)]]
+                              + [f"{t}{dev[a]}" for (t, _), a in
+                                 zip(params[len(kernel.sizes):], user)]) or "void"
+    body = ["int polyc_status = 0;", *byte_counts(temps), *allocate(temps)]
+    for a in temps:
+        if reads_before_writing(kernel, a):
+            body.append(f"POLYC_CHECK(\"cudaMemset\", cudaMemset({dev[a]}, 0, {bytes_of[a]}));")
     for launch in launches:
         args = "".join(f", {sym.sizes[a] if a in sym.sizes else dev[a]}" for a in launch.args)
         grid = ", ".join(f"(unsigned)({g})" for g in launch.grid)
@@ -491,21 +584,94 @@ def _wrapper(kernel: Kernel, sym: _Symbols, launches: tuple[LaunchInfo, ...]
         else:
             body += call
     body.append("POLYC_CHECK(\"cudaDeviceSynchronize\", cudaDeviceSynchronize());")
+    lines = [*_error_calls(fn),
+             "#define POLYC_CHECK(name, call) do { const cudaError_t polyc_e = (call); \\",
+             "    if (polyc_e != cudaSuccess) { polyc_status = polyc_fail(name, polyc_e); \\",
+             "                                  goto polyc_done; } } while (0)", "",
+             ""]
+    lines += function(f"static int polyc_launch_all({launch_params})", body,
+                      ["polyc_done:", *free(temps), "return polyc_status;"])
+    check = size_check(kernel)
+    guard = ([f"if (!{isl_expr(check, dict(sym.sizes)).at(PRIMARY)}) return 1;"]
+             if check is not None else [])
+    device_args = ", ".join(n for _, n in params) or ""
+    lines += function(
+        f"POLYC_EXPORT int {fn}_device({', '.join(f'{t} {n}' for t, n in params)})",
+        guard + ["const int polyc_device = polyc_device_ready();",
+                 "if (polyc_device) return polyc_device;",
+                 f"return polyc_launch_all({device_args});"], [])
+    body = guard + ["const int polyc_device = polyc_device_ready();",
+                    "if (polyc_device) return polyc_device;", "int polyc_status = 0;",
+                    *byte_counts(user), *allocate(user)]
+    for a in user:
+        body.append(f"if ({bytes_of[a]}) POLYC_CHECK(\"cudaMemcpy (to the device)\", "
+                    f"cudaMemcpy({dev[a]}, {sym.arrays[a]}, {bytes_of[a]}, "
+                    "cudaMemcpyHostToDevice));")
+    body.append(f"polyc_status = polyc_launch_all({sizes_text}{', '.join(dev[a] for a in user)});")
+    body.append("if (polyc_status) goto polyc_done;")
     for a in kernel.outputs:
-        j = [x for x, _ in arrays].index(a)
-        body.append(f"if (polyc_bytes{j}) POLYC_CHECK(\"cudaMemcpy (to the host)\", "
-                    f"cudaMemcpy({sym.arrays[a]}, {dev[a]}, polyc_bytes{j}, "
+        body.append(f"if ({bytes_of[a]}) POLYC_CHECK(\"cudaMemcpy (to the host)\", "
+                    f"cudaMemcpy({sym.arrays[a]}, {dev[a]}, {bytes_of[a]}, "
                     "cudaMemcpyDeviceToHost));")
-    tail = ["polyc_done:"]
-    for a, _ in arrays:
-        tail += [f"if ({dev[a]}) {{",
-                 f"  const cudaError_t polyc_e = cudaFree({dev[a]});",
-                 "  if (polyc_e != cudaSuccess && polyc_status == 0)",
-                 "    polyc_status = polyc_fail(\"cudaFree\", polyc_e);", "}"]
-    tail.append("return polyc_status;")
-    lines += ["  " + ln for ln in body] + [ln if ln.endswith(":") else "  " + ln
-                                             for ln in tail] + ["}", "#undef POLYC_CHECK"]
+    lines += function(f"POLYC_EXPORT int {fn}({', '.join(f'{t} {n}' for t, n in params)})",
+                      body, ["polyc_done:", *free(user), "return polyc_status;"])
+    lines += _memory_calls(fn) + ["#undef POLYC_CHECK"]
     return "\n".join(lines), params
+
+
+def _error_calls(fn: str) -> list[str]:
+    """The message buffer, ``<fn>_last_error``, ``polyc_fail`` and ``polyc_device_ready``."""
+    return ["static thread_local char polyc_message[1024];",
+            f"POLYC_EXPORT const char *{fn}_last_error(void)", "{",
+            "  return polyc_message;", "}", "",
+            "static int polyc_fail(const char *call, cudaError_t e)", "{",
+            "  snprintf(polyc_message, sizeof polyc_message, \"%s returned %d (%s: %s)\",",
+            "           call, (int)e, cudaGetErrorName(e), cudaGetErrorString(e));",
+            f"  return {STATUS_CUDA_ERROR};", "}", "", *_device_check(), ""]
+
+
+def memory_library_source(fn: str = "polyc") -> str:
+    """A ``.cu`` with only the device-memory calls (``<fn>_device_malloc`` ...), for
+    :func:`polyc.to_device` before any operator is compiled."""
+    body = "\n".join([*_error_calls(fn), *_memory_calls(fn)])
+    return "\n\n".join([_device_prelude(body), body]) + "\n"
+
+
+def _device_check() -> list[str]:
+    """``polyc_device_ready()``: 0, or 4 with the message when there is no usable device."""
+    return ["static int polyc_device_ready(void)", "{",
+            "  int polyc_count = 0;",
+            "  const cudaError_t polyc_first = cudaGetDeviceCount(&polyc_count);",
+            "  if (polyc_first == cudaSuccess && polyc_count > 0) return 0;",
+            "  if (polyc_first != cudaSuccess)",
+            "    snprintf(polyc_message, sizeof polyc_message, \"no usable CUDA device: "
+            "cudaGetDeviceCount returned %d (%s: %s)\",",
+            "             (int)polyc_first, cudaGetErrorName(polyc_first), "
+            "cudaGetErrorString(polyc_first));",
+            "  else",
+            "    snprintf(polyc_message, sizeof polyc_message, \"no usable CUDA device: "
+            "cudaGetDeviceCount found none\");",
+            f"  return {STATUS_NO_DEVICE};", "}"]
+
+
+def _memory_calls(fn: str) -> list[str]:
+    """Device memory for callers that hold device arrays (polyc's ``DeviceArray``): each
+    returns 0 or the status of a failed CUDA call, with its message."""
+    ready = ["const int polyc_device = polyc_device_ready();",
+             "if (polyc_device) return polyc_device;"]
+
+    def call(signature: str, name: str, expr: str) -> list[str]:
+        return [f"POLYC_EXPORT int {fn}_device_{signature}", "{", *("  " + r for r in ready),
+                f"  const cudaError_t polyc_e = {expr};",
+                f"  return polyc_e == cudaSuccess ? 0 : polyc_fail(\"{name}\", polyc_e);",
+                "}", ""]
+    return (call("malloc(void **pointer, size_t bytes)", "cudaMalloc",
+                 "cudaMalloc(pointer, bytes ? bytes : 1)")
+            + call("free(void *pointer)", "cudaFree", "cudaFree(pointer)")
+            + call("memcpy(void *to, const void *from, size_t bytes, int kind)", "cudaMemcpy",
+                   "cudaMemcpy(to, from, bytes, (cudaMemcpyKind)kind)")
+            + call("memset(void *pointer, int value, size_t bytes)", "cudaMemset",
+                   "cudaMemset(pointer, value, bytes)"))
 
 
 def _comment(kernel: Kernel, sym: _Symbols, launches: tuple[LaunchInfo, ...]) -> str:

@@ -28,6 +28,41 @@
 #ifndef POLYC_CUDA_EMU_H
 #define POLYC_CUDA_EMU_H
 
+#ifdef POLYC_EMU_DEVICE_LIBRARY
+/* The emulated device's memory, one per process: built by itself from this header
+ *     g++ -x c++ -DPOLYC_EMU_DEVICE_LIBRARY -shared -fPIC cuda_emu.h
+ * and loaded with RTLD_GLOBAL, so that every emulated library's weak references bind
+ * to it. The blocks, start -> bytes, under a lock. */
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+namespace {
+std::map<std::uintptr_t, std::size_t> blocks;
+std::mutex lock;
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) void polyc_emu_device_add(
+    std::uintptr_t start, std::size_t bytes) {
+  std::lock_guard<std::mutex> hold(lock);
+  blocks[start] = bytes;
+}
+extern "C" __attribute__((visibility("default"))) int polyc_emu_device_remove(
+    std::uintptr_t start) {
+  std::lock_guard<std::mutex> hold(lock);
+  return blocks.erase(start) != 0;
+}
+extern "C" __attribute__((visibility("default"))) int polyc_emu_device_holds(
+    std::uintptr_t a, std::size_t bytes) {
+  std::lock_guard<std::mutex> hold(lock);
+  auto it = blocks.upper_bound(a);
+  if (it == blocks.begin()) return 0;
+  --it;
+  return a >= it->first && a + bytes <= it->first + (it->second ? it->second : 1);
+}
+#else /* the emulation itself */
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -70,6 +105,16 @@ enum cudaMemcpyKind {
   cudaMemcpyDeviceToDevice = 3
 };
 
+/* the process-wide registry of device blocks (weak: absent unless the emulated device
+ * library, built from this header with POLYC_EMU_DEVICE_LIBRARY, is loaded globally) */
+extern "C" {
+__attribute__((weak, visibility("default"))) void polyc_emu_device_add(std::uintptr_t,
+                                                                         std::size_t);
+__attribute__((weak, visibility("default"))) int polyc_emu_device_remove(std::uintptr_t);
+__attribute__((weak, visibility("default"))) int polyc_emu_device_holds(std::uintptr_t,
+                                                                          std::size_t);
+}
+
 namespace polyc_emu {
 
 inline uint3 thread_index, block_index;
@@ -86,13 +131,34 @@ inline cudaError_t fail(cudaError_t code, const std::string &why) {
   return code;
 }
 
+/* whether [a, a + bytes) lies inside one block of ``blocks`` */
+inline bool holds(const std::map<std::uintptr_t, std::size_t> &blocks, std::uintptr_t a,
+                  std::size_t bytes) {
+  auto it = blocks.upper_bound(a);
+  if (it == blocks.begin()) return false;
+  --it;
+  return a >= it->first && a + bytes <= it->first + (it->second ? it->second : 1);
+}
+
+/* The device blocks: the process-wide registry when the emulated device library is
+ * loaded (polyc loads it, RTLD_GLOBAL, before any emulated library: then a block
+ * cudaMalloc'ed by one library is a device pointer for all of them, as on a GPU), else
+ * this library's own map (a C program that links one emulated library by itself). */
+inline void add_block(const void *p, std::size_t bytes) {
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p);
+  if (polyc_emu_device_add) polyc_emu_device_add(a, bytes);
+  else allocations[a] = bytes;
+}
+inline bool remove_block(const void *p) {
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p);
+  if (polyc_emu_device_remove) return polyc_emu_device_remove(a) != 0;
+  return allocations.erase(a) != 0;
+}
 /* the device block holding [p, p + bytes), or false */
 inline bool on_device(const void *p, std::size_t bytes = 1) {
   const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p);
-  auto it = allocations.upper_bound(a);
-  if (it == allocations.begin()) return false;
-  --it;
-  return a >= it->first && a + bytes <= it->first + (it->second ? it->second : 1);
+  if (polyc_emu_device_holds) return polyc_emu_device_holds(a, bytes) != 0;
+  return holds(allocations, a, bytes);
 }
 
 inline bool reverse_order() {
@@ -318,16 +384,14 @@ inline const char *cudaGetErrorString(cudaError_t e) {
 inline cudaError_t cudaMalloc(void **p, std::size_t bytes) {
   *p = std::malloc(bytes ? bytes : 1);
   if (!*p) return polyc_emu::fail(cudaErrorMemoryAllocation, "out of host memory");
-  polyc_emu::allocations[reinterpret_cast<std::uintptr_t>(*p)] = bytes;
+  polyc_emu::add_block(*p, bytes);
   return cudaSuccess;
 }
 inline cudaError_t cudaFree(void *p) {
   if (!p) return cudaSuccess;
-  auto it = polyc_emu::allocations.find(reinterpret_cast<std::uintptr_t>(p));
-  if (it == polyc_emu::allocations.end())
+  if (!polyc_emu::remove_block(p))
     return polyc_emu::fail(cudaErrorInvalidValue, "cudaFree of a pointer cudaMalloc did not "
                                                   "return");
-  polyc_emu::allocations.erase(it);
   std::free(p);
   return cudaSuccess;
 }
@@ -358,4 +422,5 @@ POLYC_EXPORT void polyc_emu_reset(void) {
   polyc_emu::last_error = cudaSuccess;
 }
 
+#endif /* POLYC_EMU_DEVICE_LIBRARY */
 #endif /* POLYC_CUDA_EMU_H */

@@ -62,6 +62,7 @@ class _Operator:
     kernel: Kernel
     device: list[str]
     launches: list[LaunchInfo]
+    gpu: tuple[Any, ...] = ()
 
 
 def generate_cuda_model(program: Program, gpu_map: GpuMapper, options: Options, *,
@@ -82,7 +83,7 @@ def generate_cuda_model(program: Program, gpu_map: GpuMapper, options: Options, 
             kernel, gks = gpu_map(step.kernel)
             device, launches = device_kernels(kernel, list(gks), options,
                                               prefix=f"polyc_k{len(ops)}_")
-            ops[key] = _Operator(kernel, device, launches)
+            ops[key] = _Operator(kernel, device, launches, tuple(gks))
             say(f"[{s + 1}/{len(program.steps)}] {step.kernel.name}: {len(gks)} CUDA kernels")
         calls.append((s, f"polyc_k{list(ops).index(key)}_"))
         per_step.append(ops[key])
@@ -106,8 +107,10 @@ def generate_cuda_model(program: Program, gpu_map: GpuMapper, options: Options, 
     prelude = _device_prelude(body).replace(
         "#include <math.h>", "#include <math.h>\n#include <stdlib.h>\n#include <string.h>")
     text = "\n\n".join([comment, prelude, body]) + "\n"
+    uses = [sum(1 for op in per_step if op is o) for o in ops.values()]
+    gpu = tuple((o.kernel, o.gpu, tuple(o.launches), n) for o, n in zip(ops.values(), uses))
     return ModelSource(prefix, text, header, inputs, outputs, layout, plan, storage,
-                       tuple(calls), len(ops), (text,))
+                       tuple(calls), len(ops), (text,), gpu)
 
 
 def _bytes(kernel: Kernel, array: str) -> int:

@@ -9,14 +9,20 @@ There is never a fallback to the CPU: without a device, a non-emulated operator 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from polyc.errors import CallError
 from polyc.ir import Kernel
+from polyc.options import Options
 
 from .c_family import CSource
 from .model_runtime import ModelLibrary
-from .runtime import CompiledFunction, load_library
+from .device_array import DeviceArray, DeviceMemory, DeviceView, device_view, is_device_array
+from .runtime import (NUMPY_DTYPES, CompiledFunction, bind_sizes, check_array_sizes,
+                      check_extents, check_inputs, load_library, output_shapes)
 from .weights import WeightsError
 
 ORDERS = {"forward": 0, "reverse": 1, "env": -1}
@@ -43,6 +49,90 @@ class CudaFunction(CompiledFunction):
             return int(status)
 
         self._fn = checked
+        device = getattr(lib, f"{function_name}_device")
+        device.restype = ctypes.c_int
+        device.argtypes = ([ctypes.c_int64] * len(kernel.sizes)
+                           + [ctypes.c_void_p] * (len(kernel.inputs) + len(kernel.outputs)))
+
+        def device_checked(*args: Any) -> int:
+            status = device(*args)
+            if status >= 3:
+                message = (last_error() or b"").decode(errors="replace")
+                raise CallError(f"{kernel.name}: {message}")
+            return int(status)
+
+        self._device_fn = device_checked
+        self.memory = DeviceMemory(lib, function_name)
+
+    def __call__(self, inputs: Sequence[Any], sizes: Mapping[str, int] | None = None,
+                 outputs: Sequence[Any] | None = None) -> tuple[Any, ...]:
+        """Host arrays: as the C target (copied to the device and back). When an input or
+        a given output is a device array, the call runs on device memory with no copies
+        (host inputs among them are uploaded) and returns :class:`DeviceArray` outputs
+        (or the given ones, updated in place)."""
+        given = list(outputs or [])
+        if not any(isinstance(x, DeviceView) or is_device_array(x) for x in [*inputs, *given]):
+            return super().__call__(inputs, sizes, outputs)
+        views: list[DeviceView] = []
+        try:
+            return self._on_device(inputs, sizes, outputs, views)
+        finally:
+            for v in views:
+                if v.release:
+                    v.release()
+
+    def _on_device(self, inputs: Sequence[Any], sizes: Mapping[str, int] | None,
+                   outputs: Sequence[Any] | None, views: list[DeviceView]) -> tuple[Any, ...]:
+        kernel = self.kernel
+        checked = check_inputs(kernel, inputs, device=True)
+        views += [x for x in checked if isinstance(x, DeviceView) and x not in views]
+        values = bind_sizes(kernel, checked, sizes)
+        check_extents(kernel, values)
+        check_array_sizes(kernel, values, [])  # element counts; device memory is the GPU's
+        ins: list[DeviceView] = []
+        for x in checked:
+            if isinstance(x, DeviceView):
+                ins.append(x)
+            else:  # a host array among device arrays: uploaded for this call
+                up = DeviceArray.from_host(np.ascontiguousarray(x), self.memory)
+                ins.append(DeviceView(up.pointer, up.shape, up.dtype, keep=up))
+        shapes = output_shapes(kernel, values)
+        dtypes = [NUMPY_DTYPES[kernel.array(o).dtype] for o in kernel.outputs]
+        if outputs is None:
+            results: list[Any] = [DeviceArray(s, t, self.memory) for s, t in zip(shapes, dtypes)]
+            outs = [DeviceView(r.pointer, r.shape, r.dtype, keep=r) for r in results]
+        else:
+            if len(outputs) != len(kernel.outputs):
+                raise CallError(f"{kernel.name} has {len(kernel.outputs)} outputs, "
+                                f"got {len(outputs)}")
+            results, outs = list(outputs), []
+            for name, y, shape, dtype in zip(kernel.outputs, outputs, shapes, dtypes):
+                where = f"output {name!r}"
+                if not (isinstance(y, DeviceView) or is_device_array(y)):
+                    raise CallError(f"{where}: expected a device array (the call runs on "
+                                    f"device memory), got {type(y).__name__}")
+                v = y if isinstance(y, DeviceView) else device_view(y, where)
+                views.append(v)
+                if v.dtype != dtype or v.shape != shape:
+                    raise CallError(f"{where}: expected a {dtype}{list(shape)} device array, "
+                                    f"got {v.dtype}{list(v.shape)}")
+                if v.readonly:
+                    raise CallError(f"{where}: the device array is read-only")
+                outs.append(v)
+        for i, o in enumerate(outs):
+            for other in ins + outs[:i]:
+                if o.nbytes and other.nbytes and o.pointer < other.pointer + other.nbytes \
+                        and other.pointer < o.pointer + o.nbytes:
+                    raise CallError(f"output {kernel.outputs[i]!r} overlaps another argument; "
+                                    "outputs must not alias")
+        args = [values[s] for s in kernel.sizes] + [v.pointer for v in ins + outs]
+        status = self._device_fn(*args)
+        if status == 1:
+            raise CallError(f"{kernel.name}: sizes {values} do not satisfy the kernel's "
+                            f"constraints {kernel.context}")
+        if status != 0:
+            raise CallError(f"{kernel.name} returned the unknown status {status}")
+        return tuple(results)
 
     def set_thread_order(self, order: str) -> None:
         """Emulation only: run the threads of each barrier interval ``"forward"`` or
@@ -54,6 +144,29 @@ class CudaFunction(CompiledFunction):
         fn.argtypes = [ctypes.c_int]
         fn.restype = None
         fn(ORDERS[order])
+
+
+_MEMORY: dict[tuple[Any, ...], DeviceMemory] = {}
+
+
+def device_memory(options: Options) -> DeviceMemory:
+    """The device-memory calls of a small library of their own (nvcc-built, or the CPU
+    emulation's when ``options.emulate``), built once per toolchain."""
+    key = (options.emulate, options.nvcc, options.gpu_arch, options.cc, options.sanitize,
+           options.cache_dir)
+    if key not in _MEMORY:
+        from .cuda import memory_library_source
+        from .nvcc import build_cuda
+        path = build_cuda(memory_library_source(), "polyc_device_memory", options)
+        _MEMORY[key] = DeviceMemory(load_library(path), "polyc")
+    return _MEMORY[key]
+
+
+def to_device(array: Any, emulate: bool = False, options: Options | None = None) -> DeviceArray:
+    """A :class:`DeviceArray` copy of ``array`` (on the GPU; on the CPU emulation's device
+    with ``emulate=True``)."""
+    options = (options or Options(target="cuda")).replace(target="cuda", emulate=emulate)
+    return DeviceArray.from_host(np.asarray(array), device_memory(options))
 
 
 class CudaModelLibrary(ModelLibrary):

@@ -24,6 +24,7 @@ Per kernel (``str(report)`` prints it; the records are for tests and tools):
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,8 @@ class KernelReport:
     ptxas: PtxasInfo | None
     occupancy: Occupancy | None
     warnings: tuple[str, ...] = field(default=())
+    #: the register tile: the array and its points per thread, if any
+    registers: tuple[str, tuple[int, ...]] | None = None
 
     @property
     def threads(self) -> int:
@@ -151,6 +154,10 @@ class GpuReport:
             for name, box, nbytes in k.shared:
                 lines.append(f"  shared: {name}{''.join(f'[{b}]' for b in box)} "
                              f"({nbytes} bytes)")
+            if k.registers is not None:
+                name, points = k.registers
+                lines.append(f"  registers: {name}{''.join(f'[{p}]' for p in points)} per "
+                             "thread (accumulators kept across the reduction)")
             if k.ptxas is not None:
                 p = k.ptxas
                 lines.append(f"  ptxas: {p.registers} registers, {p.shared_bytes} bytes shared, "
@@ -182,24 +189,35 @@ def report(compiled: Any) -> GpuReport:
     """The report of a :class:`polyc.pipeline.Compiled` of target ``"cuda"``."""
     kernel: Kernel = compiled.scheduled.kernel
     options = compiled.options
-    gpu: tuple[GpuKernel, ...] = compiled.gpu_kernels
-    arch = options.gpu_arch
-    ptxas: dict[str, PtxasInfo] = {}
-    note = ""
     fn = compiled.function
+    ptxas, note = _ptxas(compiled.source.text, compiled.source.function_name, options,
+                         None if fn is None or getattr(fn, "emulated", True) else fn.path)
+    kernels = kernel_reports(kernel, compiled.gpu_kernels, compiled.source.launches,
+                             "polyc_kernel", ptxas, options.gpu_arch)
+    return GpuReport(kernel.name, options.gpu_arch, kernel.fixed_sizes, tuple(kernels), note)
+
+
+def _ptxas(text: str, stem: str, options: Any, built: str | None
+           ) -> tuple[dict[str, PtxasInfo], str]:
+    """ptxas's figures for ``text`` (from the nvcc build at ``built`` when there is one),
+    or none and why."""
+    if built is not None and os.path.exists(built[: -len(".so")] + ".ptxas.txt"):
+        with open(built[: -len(".so")] + ".ptxas.txt") as f:
+            return parse_ptxas(f.read()), ""
     try:
-        if fn is not None and not getattr(fn, "emulated", True):
-            with open(fn.path[: -len(".so")] + ".ptxas.txt") as f:
-                ptxas = parse_ptxas(f.read())
-        else:
-            ptxas = ptxas_report(compiled.source.text, compiled.source.function_name, options)
+        return ptxas_report(text, stem, options), ""
     except (ToolchainError, OSError) as err:
-        note = f"no ptxas figures ({str(err).splitlines()[0]})"
+        return {}, f"no ptxas figures ({str(err).splitlines()[0]})"
+
+
+def kernel_reports(kernel: Kernel, gpu: tuple[GpuKernel, ...], launch_list: Any, prefix: str,
+                   ptxas: dict[str, PtxasInfo], arch: str) -> list[KernelReport]:
+    """A :class:`KernelReport` per GPU kernel of ``kernel`` (named ``<prefix><index>``)."""
     limits = SM_LIMITS.get(int(arch[3:]), SM_LIMITS[80])
-    launches = {launch.name: launch for launch in compiled.source.launches}
+    launches = {launch.name: launch for launch in launch_list}
     kernels = []
     for gk in gpu:
-        name = f"polyc_kernel{gk.index}"
+        name = f"{prefix}{gk.index}"
         launch = launches[name]
         accesses = tuple(_accesses(kernel, gk))
         info = ptxas.get(name)
@@ -209,8 +227,63 @@ def report(compiled: Any) -> GpuReport:
         kernels.append(KernelReport(
             name, gk.statements, launch.grid, launch.block, mapping, gk.note,
             tuple((sa.array, sa.box, sa.nbytes) for sa in gk.shared), accesses, info, occ,
-            tuple(_warnings(gk, accesses, info))))
-    return GpuReport(kernel.name, arch, kernel.fixed_sizes, tuple(kernels), note)
+            tuple(_warnings(gk, accesses, info)),
+            None if gk.private is None else (gk.private.array, gk.private.points)))
+    return kernels
+
+
+@dataclass(frozen=True)
+class ModelGpuReport:
+    """The GPU report of a whole model: one :class:`GpuReport` per distinct operator
+    (kernels named ``polyc_k<operator>_<index>`` in the model's ``.cu``) and how many of
+    the model's steps run it."""
+    model: str
+    arch: str
+    operators: tuple[GpuReport, ...]
+    steps: tuple[int, ...]
+    ptxas_note: str = ""
+
+    @property
+    def kernels(self) -> tuple[KernelReport, ...]:
+        return tuple(k for op in self.operators for k in op.kernels)
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{op.operator}: {w}" for op in self.operators for w in op.warnings]
+
+    def __str__(self) -> str:
+        kernels = self.kernels
+        occ = [k.occupancy.fraction for k in kernels if k.occupancy is not None]
+        accesses = [a for k in kernels for a in k.accesses]
+        coalesced = sum(1 for a in accesses if a.coalescing in ("coalesced", "broadcast"))
+        lines = [f"GPU report: model {self.model} for {self.arch}: {len(self.operators)} "
+                 f"distinct operators, {len(kernels)} kernels, {sum(self.steps)} steps",
+                 f"  global accesses coalesced or broadcast: {coalesced} of {len(accesses)}; "
+                 f"kernels with register tiles: {sum(1 for k in kernels if k.registers)}, "
+                 f"with shared memory: {sum(1 for k in kernels if k.shared)}"]
+        if occ:
+            lines.append(f"  occupancy: lowest {min(occ):.0%}, median "
+                         f"{sorted(occ)[len(occ) // 2]:.0%}")
+        if self.ptxas_note:
+            lines.append(f"  ptxas: {self.ptxas_note}")
+        lines.append(f"  warnings: {len(self.warnings)}")
+        for op, n in zip(self.operators, self.steps):
+            lines += ["", f"operator {op.operator} (run by {n} step{'s' if n != 1 else ''}):",
+                      *("  " + ln for ln in str(op).splitlines()[1:])]
+        return "\n".join(lines)
+
+
+def model_report(source: Any, options: Any, built: str | None = None) -> ModelGpuReport:
+    """The report of a CUDA model's :class:`polyc.codegen.model.ModelSource` (ptxas's
+    figures from the nvcc build at ``built``, or from a build made here)."""
+    ptxas, note = _ptxas(source.text, source.name, options, built)
+    operators = []
+    for i, (kernel, gpu, launches, _) in enumerate(source.gpu_operators):
+        kernels = kernel_reports(kernel, gpu, launches, f"polyc_k{i}_", ptxas, options.gpu_arch)
+        operators.append(GpuReport(kernel.name, options.gpu_arch, kernel.fixed_sizes,
+                                   tuple(kernels)))
+    return ModelGpuReport(source.name, options.gpu_arch, tuple(operators),
+                          tuple(n for *_, n in source.gpu_operators), note)
 
 
 def occupancy(info: PtxasInfo, threads: int, limits: SmLimits) -> Occupancy:

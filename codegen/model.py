@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import islpy as isl
 
@@ -78,6 +79,9 @@ class ModelSource:
     #: the translation units the library is built from, compiled in parallel (one:
     #: ``text`` itself); ``text`` is the whole library in one unit, for reading
     units: tuple[str, ...] = ()
+    #: target "cuda": per distinct operator, (its kernel after scheduling, its GPU
+    #: kernels, its launches, the number of steps that run it), for the GPU report
+    gpu_operators: tuple[tuple[Any, ...], ...] = ()
 
 
 def generate_model(program: Program, schedule: Scheduler, options: Options | None = None,

@@ -12,6 +12,7 @@ cuda_emu.h`` on the same text (with ``Options.sanitize``: ASan/UBSan and ucontex
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import json
@@ -19,6 +20,7 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 
 from polyc.errors import ToolchainError
@@ -84,32 +86,55 @@ def build_cuda(text: str, stem: str, options: Options) -> str:
     """The shared library of ``text`` built by nvcc, or by g++ with the emulation header
     when ``options.emulate``; cached. Raises :class:`ToolchainError` on failure."""
     if options.emulate:
-        tool = cxx_for(options.cc)
-        flags = emulation_flags(options)
-        with open(EMU_HEADER) as f:
-            extra = f.read()
-    else:
-        tool, flags, extra = options.nvcc, nvcc_flags(options), ""
-    key = hashlib.sha256(json.dumps([text, flags, _version(tool), extra]).encode()).hexdigest()
-    os.makedirs(options.cache_dir, exist_ok=True)
-    base = os.path.join(options.cache_dir,
-                        f"{file_stem(stem)}-{'emu' if options.emulate else 'cuda'}-{key[:32]}")
+        emulated_device(options)  # before the library can be loaded
+        return _build(cxx_for(options.cc), emulation_flags(options), text, stem, "emu",
+                      options.cache_dir)
+    return _build(options.nvcc, nvcc_flags(options), text, stem, "cuda", options.cache_dir,
+                  keep_stderr=True)
+
+
+def emulated_device(options: Options) -> None:
+    """Load the emulated device's memory (one registry of device blocks per process, see
+    ``cuda_emu.h``) before any emulated library: built once, loaded with RTLD_GLOBAL so
+    that a block one library's ``cudaMalloc`` returns is a device pointer for all."""
+    if _DEVICE:
+        return
+    flags = ["-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-x", "c++",
+             "-DPOLYC_EMU_DEVICE_LIBRARY", "-include", EMU_HEADER]
+    path = _build(cxx_for(options.cc), flags, "/* the emulated device's memory */\n",
+                  "polyc_emu_device", "emu", options.cache_dir)
+    with _DEVICE_LOCK:
+        if not _DEVICE:
+            _DEVICE.append(ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
+
+
+_DEVICE: list[ctypes.CDLL] = []
+_DEVICE_LOCK = threading.Lock()
+
+
+def _build(tool: str, flags: list[str], text: str, stem: str, tag: str, cache: str,
+           keep_stderr: bool = False) -> str:
+    with open(EMU_HEADER) as f:  # part of every key: the emulation includes it
+        header = f.read() if tag != "cuda" else ""
+    key = hashlib.sha256(json.dumps([text, flags, _version(tool), header]).encode()).hexdigest()
+    os.makedirs(cache, exist_ok=True)
+    base = os.path.join(cache, f"{file_stem(stem)}-{tag}-{key[:32]}")
     library, source = base + ".so", base + ".cu"
     if os.path.exists(library):
         return library
     _write_atomically(source, text)
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(base) + ".", suffix=".so.tmp",
-                               dir=options.cache_dir)
+                               dir=cache)
     os.close(fd)
     command = [tool, *flags, "-o", tmp, source]
     try:
         done = _run_compiler(command)
         if isinstance(done, OSError):
             raise CudaToolchainError(command, 127, f"cannot run {tool}: {done} (set POLYC_NVCC, "
-                                 "or use emulate=True)", source) from done
+                                     "or use emulate=True)", source) from done
         if done.returncode != 0:
             raise CudaToolchainError(command, done.returncode, done.stderr, source)
-        if not options.emulate:
+        if keep_stderr:
             _write_atomically(base + ".ptxas.txt", done.stderr)
         os.replace(tmp, library)
     finally:

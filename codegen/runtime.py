@@ -23,6 +23,7 @@ from polyc.errors import CallError
 from polyc.ir import Array, Kernel
 
 from .c_family import CSource
+from .device_array import DeviceView, device_view, is_device_array
 
 #: numpy dtype of each polyc dtype (numpy's bool is one byte holding 0 or 1, like C's bool)
 NUMPY_DTYPES = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
@@ -55,11 +56,13 @@ def load_library(path: str) -> ctypes.CDLL:
         return _LIBRARIES[path]
 
 
-def check_inputs(kernel: Kernel, inputs: Sequence[Any]) -> list[np.ndarray]:
+def check_inputs(kernel: Kernel, inputs: Sequence[Any], device: bool = False) -> list[Any]:
     """The inputs as numpy arrays after checking their count, dtype and rank.
 
     A rank-0 input may be a Python scalar; it is converted to the declared dtype when
     that loses nothing (an ``int`` for a float array, never a ``float`` for an int array).
+    With ``device`` (the CUDA target), an input in device memory becomes a
+    :class:`.device_array.DeviceView` instead (checked the same way).
     """
     if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
         raise CallError(f"{kernel.name}: inputs must be a sequence of arrays, got "
@@ -67,13 +70,21 @@ def check_inputs(kernel: Kernel, inputs: Sequence[Any]) -> list[np.ndarray]:
     if len(inputs) != len(kernel.inputs):
         raise CallError(f"{kernel.name} takes {len(kernel.inputs)} inputs "
                         f"({', '.join(kernel.inputs)}), got {len(inputs)}")
-    return [_check_input(kernel.array(name), i, x)
+    return [_check_input(kernel.array(name), i, x, device)
             for i, (name, x) in enumerate(zip(kernel.inputs, inputs))]
 
 
-def _check_input(arr: Array, position: int, x: Any) -> np.ndarray:
+def _check_input(arr: Array, position: int, x: Any, device: bool = False) -> Any:
     where = f"input {arr.name!r} (argument {position})"
     want = NUMPY_DTYPES[arr.dtype]
+    if device and (isinstance(x, DeviceView) or is_device_array(x)):
+        view = x if isinstance(x, DeviceView) else device_view(x, where)
+        if view.dtype != want or view.ndim != arr.rank:
+            if view.release:
+                view.release()
+            raise CallError(f"{where}: expected a device array of {arr.dtype} with rank "
+                            f"{arr.rank}, got {view.dtype}{list(view.shape)}")
+        return view
     if arr.rank == 0 and isinstance(x, (bool, int, float)) and _scalar_fits(x, arr.dtype):
         return np.asarray(x, dtype=want)
     if isinstance(x, np.generic):

@@ -12,6 +12,8 @@
     outputs = m.run(None, {"input": x})
 """
 from .api import Operator, define, einsum
+from .codegen.cuda_runtime import to_device
+from .codegen.device_array import DeviceArray
 from .errors import (
                      CallError,
                      CompileError,
@@ -28,8 +30,8 @@ from .errors import (
 from .model import CompiledModel, build_model, compile_onnx
 from .options import Options
 
-__all__ = ["CallError", "CompileError", "CompiledModel", "InternalError", "Operator", "Options",
+__all__ = ["CallError", "CompileError", "CompiledModel", "DeviceArray", "InternalError", "Operator", "Options",
            "ParseError", "PolycError", "RangeInferenceError", "RunError", "ScheduleError", "SemanticError",
            "ToolchainError", "UnsupportedError", "build_model", "compile_onnx", "define",
-           "einsum"]
+           "einsum", "to_device"]
 __version__ = "0.1.0"

@@ -58,8 +58,12 @@ class Operator:
 
     def __call__(self, *inputs: Any, sizes: dict[str, int] | None = None) -> Any:
         """Run on ``inputs`` (numpy arrays, in signature order). ``sizes`` gives sizes that
-        no input dimension determines (e.g. a ``where i in 0:M`` range)."""
-        arrays = pipeline.check_inputs(self.kernel, inputs)
+        no input dimension determines (e.g. a ``where i in 0:M`` range). With
+        ``target="cuda"``, inputs may be device arrays (``__cuda_array_interface__``,
+        DLPack, :class:`polyc.DeviceArray`): the operator then runs on them without
+        copies and returns :class:`polyc.DeviceArray` outputs."""
+        arrays = pipeline.check_inputs(self.kernel, inputs,
+                                       device=self.options.target == "cuda")
         bound = pipeline.bind_sizes(self.kernel, arrays, sizes)
         outs = self.compiled_for(bound).run(arrays, bound)
         return outs[0] if len(outs) == 1 else tuple(outs)

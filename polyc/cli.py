@@ -241,9 +241,9 @@ def _options(args: argparse.Namespace, specialize: bool) -> Options:
 def _compile_onnx(args: argparse.Namespace) -> int:
     from . import model
 
-    if args.emit not in ("lib", "c", "header", "cuda"):
+    if args.emit not in ("lib", "c", "header", "cuda", "report"):
         raise SystemExit(f"polyc: error: --emit {args.emit} is for .tc files; a model emits "
-                         "lib, c, cuda (with --target cuda) or header")
+                         "lib, c, cuda or report (with --target cuda), or header")
     if args.sizes or args.schedule:
         raise SystemExit("polyc: error: --sizes and --schedule are for .tc files "
                          "(give a model's input shapes with --shape)")
@@ -252,6 +252,11 @@ def _compile_onnx(args: argparse.Namespace) -> int:
     name = args.name or os.path.splitext(os.path.basename(args.file))[0]
     program = model.lower_onnx(args.file, _shapes(args.shape) or None,
                                model.progress_printer(progress))
+    if args.emit == "report":  # the static GPU report of every operator (nvcc, no GPU)
+        from .codegen.gpu_report import model_report
+        source = model.model_source(program, options, name=name, progress=progress)
+        print(model_report(source, options))
+        return 0
     if args.emit != "lib":
         source = model.model_source(program, options, name=name, progress=progress)
         print(source.header if args.emit == "header" else source.text)

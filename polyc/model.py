@@ -29,7 +29,7 @@ from .codegen.model import ModelSource, generate_model, kernel_key
 from .codegen.model_runtime import ModelLibrary, check_array, write_model_files
 from .errors import RunError as RunError  # re-exported: run's error
 from .codegen.weights import weights_bytes
-from .errors import CallError
+from .errors import CallError, CompileError
 from .ir import Kernel
 from .options import Options
 from .program import Program
@@ -56,8 +56,10 @@ class CompiledModel:
 
     def __init__(self, source: ModelSource, program: Program, library_path: str,
                  header_path: str, weights_path: str, source_path: str, loaded_path: str,
-                 library_class: type[ModelLibrary] = ModelLibrary):
+                 library_class: type[ModelLibrary] = ModelLibrary,
+                 options: Options | None = None):
         self.source, self.program = source, program
+        self.options = options or Options()
         self.library_path, self.header_path = library_path, header_path
         self.weights_path, self.source_path = weights_path, source_path
         self._library = library_class(loaded_path, source, weights_path)
@@ -86,6 +88,18 @@ class CompiledModel:
     @property
     def arena_bytes(self) -> int:
         return self.source.plan.arena_bytes
+
+    @property
+    def gpu_report(self) -> Any:
+        """Target ``"cuda"``: the static GPU report of every distinct operator's kernels
+        (:class:`polyc.codegen.gpu_report.ModelGpuReport`): mapping, shared memory,
+        register tiles, coalescing, bank conflicts, ptxas figures, occupancy."""
+        if not self.source.gpu_operators:
+            raise CompileError("this model was compiled for the C target (target='cuda' "
+                               "has a GPU report)")
+        from .codegen.gpu_report import model_report
+        built = None if self.options.emulate else self.library_path
+        return model_report(self.source, self.options, built)
 
     def run(self, output_names: Sequence[str] | None,
             input_feed: Mapping[str, Any]) -> list[np.ndarray]:
@@ -174,7 +188,8 @@ def _build_cuda_model(program: Program, options: Options, name: str | None,
     if say:
         say(f"built {files.library} ({source.plan.describe()})")
     return CompiledModel(source, program, files.library, files.header, files.weights,
-                         files.source, cached, library_class=CudaModelLibrary)
+                         files.source, cached, library_class=CudaModelLibrary,
+                         options=options)
 
 
 def gpu_mapper(options: Options) -> Callable[[Kernel], Any]:

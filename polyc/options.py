@@ -56,6 +56,10 @@ class Options:
     :gpu_tile: CUDA tile sizes along x, y, z (multiples of the block); None: the block.
     :gpu_arch: the SM architecture nvcc builds SASS for (its PTX is embedded too).
     :gpu_shared: promote tiles of arrays reused within a block to ``__shared__`` memory.
+    :gpu_register_tile: keep a reduction's accumulators in registers, each thread
+        computing several points strided by the block (PPCG's private memory): ``True``
+        for the default points per thread (x, y), a tuple for others, ``False`` for none.
+        With ``gpu_tile`` given, the tile decides the points per thread.
     :nvcc_flags: extra flags for nvcc (``("-Werror", "all-warnings")`` in the tests).
     """
 
@@ -86,6 +90,7 @@ class Options:
     nvcc: str = dataclasses.field(default_factory=lambda: os.environ.get("POLYC_NVCC", "nvcc"))
     nvcc_flags: tuple[str, ...] = ()
     gpu_shared: bool = True
+    gpu_register_tile: bool | tuple[int, ...] = True
 
     def __post_init__(self) -> None:
         from .errors import CompileError
@@ -105,6 +110,13 @@ class Options:
             raise CompileError(f"unknown target {self.target!r}; expected one of {TARGETS}")
         if self.emulate and self.target != "cuda":
             raise CompileError("emulate=True runs CUDA on the CPU: it needs target='cuda'")
+        if isinstance(self.gpu_register_tile, list):
+            object.__setattr__(self, "gpu_register_tile", tuple(self.gpu_register_tile))
+        if isinstance(self.gpu_register_tile, tuple) and (
+                not 1 <= len(self.gpu_register_tile) <= 3
+                or any(int(t) < 1 or int(t) > 16 for t in self.gpu_register_tile)):
+            raise CompileError("gpu_register_tile must be up to three points per thread "
+                               f"(x, y, z) between 1 and 16, got {self.gpu_register_tile}")
         for name in ("gpu_block", "gpu_tile", "nvcc_flags"):
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))

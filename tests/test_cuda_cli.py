@@ -94,7 +94,7 @@ def test_emulated_library_from_the_command_line(tmp_path):
 def test_emit_cuda_prints_the_source():
     done = polyc("compile", MATMUL_TC, "--target", "cuda", "--emit", "cuda")
     assert done.returncode == 0, done.stderr
-    assert "__global__ void __launch_bounds__(256) polyc_kernel" in done.stdout
+    assert "__global__ void __launch_bounds__(256, 1) polyc_kernel" in done.stdout
     assert 'POLYC_EXPORT int matmul(' in done.stdout
     header = polyc("compile", MATMUL_TC, "--target", "cuda", "--emit", "header")
     assert header.returncode == 0 and "matmul_last_error" in header.stdout
@@ -119,6 +119,17 @@ def test_emit_report_with_ptxas_figures():
     assert "registers" in text and "occupancy" in text
     assert "write C[m, n]: coalesced" in text
     assert "read  B[k, n]: coalesced" in text and "bank conflict" in text
+    assert "registers: C[4][2] per thread" in text
+
+
+@needs_nvcc
+def test_emit_report_of_a_whole_model():
+    model = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "examples", "mlp.onnx")
+    done = polyc("compile", model, "--target", "cuda", "--emit", "report", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("GPU report: model mlp for sm_80")
+    assert "\noperator " in done.stdout and "ptxas:" in done.stdout
 
 
 @needs_nvcc

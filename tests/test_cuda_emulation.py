@@ -88,8 +88,8 @@ def test_matmul_uses_shared_memory_and_barriers():
     A, B = random_inputs([((70, 37), "float32"), ((37, 130), "float32")])
     np.testing.assert_allclose(op(A, B), A @ B, rtol=1e-4, atol=1e-4)
     cu = op.cuda_source
-    assert "__shared__ float polyc_shared_A[8][32]" in cu
-    assert "__shared__ float polyc_shared_B[32][32]" in cu
+    assert "__shared__ float polyc_shared_A[32][32]" in cu  # 32 x 64 tiles of C: 2 x 4
+    assert "__shared__ float polyc_shared_B[32][64]" in cu  # points per thread
     assert cu.count("__syncthreads()") == 2
     assert "<<<" not in cu.replace("kernel<<<grid, block>>>", "")  # launches via the macro
     report = op.gpu_report
@@ -100,13 +100,15 @@ def test_matmul_uses_shared_memory_and_barriers():
 @pytest.mark.parametrize("block,tile", [((32, 4), (64, 8)), ((64, 2), (64, 2)), ((128,), None),
                                         ((32, 1), None)])
 def test_block_and_tile_options(block, tile):
-    op = polyc.define(CASES["matmul"][0], gpu_block=block, gpu_tile=tile, **EMULATED)
+    # (32, 1) without a register tile: one row per block
+    plain = {"gpu_register_tile": False} if block == (32, 1) else {}
+    op = polyc.define(CASES["matmul"][0], gpu_block=block, gpu_tile=tile, **plain, **EMULATED)
     A, B = random_inputs([((70, 37), "float32"), ((37, 130), "float32")], 1)
     fwd, rev = run_both_orders(op, [A, B])
     assert_same_bits(fwd, rev)
     np.testing.assert_allclose(fwd[0], A @ B, rtol=1e-4, atol=1e-4)
     threads = int(np.prod(block))
-    assert f"__launch_bounds__({threads})" in op.cuda_source
+    assert f"__launch_bounds__({threads}, 1)" in op.cuda_source
     if block == (32, 1):  # one row per tile: isl prints no m loop, the thread is a guard
         assert "== polyc_t1" in op.cuda_source
 
@@ -179,8 +181,8 @@ def test_divergent_barrier_and_host_pointer_are_reported():
     divergent = text.replace("__syncthreads();", "if (polyc_tid == 0) __syncthreads();", 1)
     with pytest.raises(polyc.CallError, match="divergent __syncthreads"):
         _built(op, [A, B], divergent)([A, B])
-    # the kernel gets the host pointer C instead of the device copy
-    m = re.search(r"POLYC_LAUNCH\(polyc_kernel1, .*, (polyc_d\d+)\);", text)
+    # the kernels get the host pointer C instead of the device copy
+    m = re.search(r"polyc_status = polyc_launch_all\(.*, (polyc_d\d+)\);", text)
     assert m is not None
     host = text.replace(m.group(0), m.group(0).replace(m.group(1) + ");", "C);"))
     with pytest.raises(polyc.CallError, match="not a device pointer"):

@@ -31,8 +31,16 @@ def test_matmul_maps_n_to_x_and_m_to_y_and_keeps_k_in_the_thread():
         assert [(d.axis, d.member) for d in gk.dims] == [("x", 1), ("y", 0)]
         assert gk.block == (32, 8, 1)
     assert [sa.array for sa in update.shared] == ["A", "B"]
-    assert [sa.box for sa in update.shared] == [(8, 32), (32, 32)]
-    assert init.shared == ()
+    # a register tile of 2 x 4 points per thread: 32 x 64 elements of C per block
+    assert [(d.tile, d.block) for d in update.dims] == [(64, 32), (32, 8)]
+    assert [sa.box for sa in update.shared] == [(32, 32), (32, 64)]
+    assert update.private is not None and update.private.array == "C"
+    assert update.private.axes == (1, 0) and update.private.points == (4, 2)
+    assert init.shared == () and init.private is None
+    # without the register tile: one point per thread
+    _, plain = mapped("matmul", (70, 37, 130), CUDA.replace(gpu_register_tile=False))
+    assert [(d.tile, d.block) for d in plain.dims] == [(32, 32), (8, 8)]
+    assert [sa.box for sa in plain.shared] == [(8, 32), (32, 32)] and plain.private is None
 
 
 def test_fused_statements_make_one_kernel_split_ones_several():

@@ -129,7 +129,7 @@ def test_nvcc_builds_model_clean_and_fits(name):
     with open(library[:-3] + ".ptxas.txt") as f:
         info = parse_ptxas(f.read())
     bounds = {k: int(b) for b, k in re.findall(
-        r"__launch_bounds__\((\d+)\) (polyc_k\d+_\d+)\(", source.text)}
+        r"__launch_bounds__\((\d+), 1\) (polyc_k\d+_\d+)\(", source.text)}
     launched = {k: int(x) * int(y) * int(z) for k, x, y, z in re.findall(
         r"POLYC_LAUNCH\((polyc_k\d+_\d+), dim3\([^;]*?\), dim3\((\d+), (\d+), (\d+)\)",
         source.text)}
@@ -189,3 +189,23 @@ def test_light_model_emulated(name):
     for ours, ref in zip(m.run(None, feeds), om.onnxruntime_outputs(model, feeds)):
         scale = float(np.abs(ref).max()) or 1.0
         np.testing.assert_allclose(ours / scale, ref / scale, rtol=0, atol=1e-5)
+
+
+@needs_nvcc
+def test_whole_model_gpu_report():
+    """Every distinct operator of a model in one report: mapping, shared memory, register
+    tiles, coalescing of every global access, ptxas figures, occupancy."""
+    m = polyc.compile_onnx(_path("small_cnn"), target="cuda", emulate=True)
+    report = m.gpu_report
+    assert len(report.operators) == m.source.functions
+    assert sum(report.steps) == len(m.program.steps)
+    kernels = report.kernels
+    assert kernels and all(k.ptxas is not None and not k.ptxas.spills for k in kernels)
+    assert all(k.occupancy is not None and k.occupancy.fraction > 0 for k in kernels)
+    assert all(a.coalescing for k in kernels for a in k.accesses)
+    text = str(report)
+    assert text.startswith(f"GPU report: model {m.name} for sm_80")
+    assert "global accesses coalesced or broadcast" in text and "occupancy: lowest" in text
+    assert text.count("\noperator ") == len(report.operators)
+    with pytest.raises(polyc.CompileError, match="C target"):
+        _ = polyc.compile_onnx(_path("mlp")).gpu_report

@@ -39,7 +39,7 @@ def _case(name):
 def launch_blocks(cu: str) -> dict[str, tuple[int, int]]:
     """Per kernel: (``__launch_bounds__``, threads of the block it is launched with)."""
     bounds = {m.group(2): int(m.group(1)) for m in re.finditer(
-        r"__launch_bounds__\((\d+)\) (polyc_kernel\d+)\(", cu)}
+        r"__launch_bounds__\((\d+), 1\) (polyc_kernel\d+)\(", cu)}
     out = {}
     for m in re.finditer(r"POLYC_LAUNCH\((polyc_kernel\d+), dim3\([^;]*?\), "
                          r"dim3\((\d+), (\d+), (\d+)\)", cu):
@@ -118,14 +118,16 @@ def test_matmul_report_coalescing_and_occupancy():
     A = np.zeros((1024, 1024), np.float32)
     report = op.compiled_for(bind_sizes(op.kernel, [A, A])).gpu_report
     k = report.kernel("S1")
-    assert k.block == (32, 8, 1) and k.grid == ("32", "128", "1")
+    # 2 x 4 points per thread (a register tile): 64 x 32 elements of C per block
+    assert k.block == (32, 8, 1) and k.grid == ("16", "32", "1")
+    assert k.registers == ("C", (4, 2))
     assert k.access("C", "write").coalescing == "coalesced"
     assert k.access("B").coalescing == "coalesced"
     assert k.access("A").coalescing == "broadcast"
     assert k.access("A").shared and k.access("A").bank_conflicts == 1
     assert k.access("B").shared and k.access("B").bank_conflicts == 1
     assert k.ptxas is not None and k.ptxas.registers > 0 and not k.ptxas.spills
-    assert k.ptxas.shared_bytes == (8 * 32 + 32 * 32) * 4
+    assert k.ptxas.shared_bytes == (32 * 32 + 32 * 64) * 4 and k.ptxas.stack_bytes == 0
     assert k.occupancy is not None and 0 < k.occupancy.fraction <= 1
     assert not report.warnings, report.warnings
     text = str(report)

@@ -63,6 +63,11 @@ REDUCTION_TILE = 32
 SHARED_BYTES = 48 * 1024
 #: the mark between the tile band and the point band of a kernel with shared arrays
 SHARED_MARK = "polyc_shared"
+#: the mark above the reduction's tile loops of a register-tiled kernel (the thread's
+#: accumulators are loaded there and stored back after them)
+PRIVATE_MARK = "polyc_private"
+#: default points per thread of a register tile, along x, y, z (strided by the block)
+REGISTER_POINTS = (2, 4, 1)
 ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
 
@@ -104,6 +109,25 @@ class SharedArray:
     reads: int
 
 
+@dataclass(frozen=True)
+class PrivateArray:
+    """The elements of ``array`` one thread updates, kept in registers across the
+    reduction (PPCG's private memory): ``axes[d]`` is the mapped axis (index into the
+    kernel's dims) that array dimension ``d`` follows, or None when the dimension is fixed
+    within one iteration of the loops above the :data:`PRIVATE_MARK`; ``points`` the
+    number of points per thread along each array dimension that follows an axis."""
+    array: str
+    axes: tuple[int | None, ...]
+    points: tuple[int, ...]
+
+    @property
+    def registers(self) -> int:
+        n = 1
+        for p in self.points:
+            n *= p
+        return n
+
+
 @dataclass(frozen=True, eq=False)
 class GpuKernel:
     """One CUDA kernel: its statements and the schedule of one thread."""
@@ -129,6 +153,8 @@ class GpuKernel:
     #: with shared arrays, :attr:`schedule` holds a whole block's instances: the schedule
     #: depths of the point loops that the printer distributes over the threads
     thread_depths: tuple[tuple[int, MappedDim], ...] = field(default=())
+    #: the accumulators kept in registers at the :data:`PRIVATE_MARK`, if any
+    private: PrivateArray | None = None
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -202,24 +228,74 @@ def _map_kernel(kernel: Kernel, deps: Dependences, schedule: isl.Schedule,
         return _sequential(index, names, own, kernel, dom, time,
                            "the coincident members carry dependences (checked with isl): "
                            "runs on one thread of one block")
-    dims = _dims(kernel, node, dom, chosen, options)
+    promotable = (options.gpu_shared and node.band_get_permutable()
+                  and len(chosen) < node.band_n_member())
+    private = _private_axes(kernel, node, dom, chosen) \
+        if promotable and options.gpu_register_tile else None
+    dims = _dims(kernel, node, dom, chosen, options, registers=private is not None)
     context = _context(kernel, dims)
     # the kernel's own time (its band's members first) for the report
     time = node.get_subtree_schedule_union_map().intersect_domain(dom)
     time_dims = tuple(d.member for d in dims)
-    if options.gpu_shared and node.band_get_permutable() and len(chosen) < node.band_n_member():
-        promoted = _promote(kernel, deps, node, dom, dims, context)
+    if promotable:
+        if private is not None and all(d.tile == d.block for d in dims):
+            private = None  # one point per thread: nothing to keep across points
+        promoted = _promote(kernel, deps, node, dom, dims, context, private)
         if promoted is not None:
-            sched, shared, points = promoted
+            sched, shared, depths = promoted
+            record = None if private is None else PrivateArray(
+                private[0], private[1],
+                tuple(dims[a].tile // dims[a].block for a in private[1] if a is not None))
             return GpuKernel(index, names, sched, context, dims, dom, time, note, time_dims,
-                             shared, tuple((points + i, d) for i, d in enumerate(dims)))
+                             shared, tuple(zip(depths, dims)), record)
     mapped = own.intersect_domain(_thread_instances(dims))
     return GpuKernel(index, names, mapped, context, dims, dom, time, note, time_dims)
 
 
+def _private_axes(kernel: Kernel, node: isl.ScheduleNode, dom: isl.UnionSet,
+                  chosen: list[int]) -> tuple[str, tuple[int | None, ...]] | None:
+    """The array a register tile keeps, and for each of its dimensions the mapped axis it
+    follows (None: a coincident member tiled by 1, fixed above the reduction) -- or None.
+
+    The kernel must be one statement with a reduction (a member that is not coincident)
+    whose write, and every read of the array it writes, index the array by band members
+    alone: each array dimension equal (isl decides) to a mapped member or to a coincident
+    one, never to a reduction member. Then the thread's elements are the same in every
+    iteration of the reduction, and no other thread touches them."""
+    names = _statement_names(dom)
+    flags = tiling.coincident_flags(node)
+    if len(names) != 1 or all(flags):
+        return None
+    s = kernel.statement(names[0])
+    w = s.write
+    if any(r.array == w.array and r.indices != w.indices for r in E.reads(s.value)) \
+            or not w.indices or not all(E.is_affine(i) for i in w.indices):
+        return None
+    domain = isl.Set.from_union_set(dom)
+    access = Access(w.array, w.indices).relation(s.domain).intersect_domain(domain)
+    mupa = node.band_get_partial_schedule()
+    members = []
+    for m in range(node.band_n_member()):
+        umap = isl.UnionMap.from_union_pw_aff(mupa.get_union_pw_aff(m)).intersect_domain(dom)
+        members.append(isl.Map.from_union_map(umap))
+    rank = access.dim(isl.dim_type.out)
+    axes: list[int | None] = []
+    for d in range(rank):
+        comp = access.project_out(isl.dim_type.out, d + 1, rank - d - 1) \
+            .project_out(isl.dim_type.out, 0, d).reset_tuple_id(isl.dim_type.out)
+        found = next((m for m, f in enumerate(members) if comp.is_equal(f)), None)
+        if found is None or not flags[found]:
+            return None
+        axes.append(chosen.index(found) if found in chosen else None)
+    if all(a is None for a in axes):
+        return None
+    return w.array, tuple(axes)
+
+
 def _promote(kernel: Kernel, deps: Dependences, node: isl.ScheduleNode,
-             dom: isl.UnionSet, dims: tuple[MappedDim, ...], context: isl.Set
-             ) -> tuple[isl.Schedule, tuple[SharedArray, ...], int] | None:
+             dom: isl.UnionSet, dims: tuple[MappedDim, ...], context: isl.Set,
+             private: tuple[str, tuple[int | None, ...]] | None = None
+             ) -> tuple[isl.Schedule, tuple[SharedArray, ...], tuple[int, ...]] | None:
     """The kernel's schedule with the band tiled and a :data:`SHARED_MARK` between its tile
     and point bands, the arrays to copy there and the schedule depth of the point band --
     None when no array qualifies.
@@ -255,11 +331,22 @@ def _promote(kernel: Kernel, deps: Dependences, node: isl.ScheduleNode,
     shared = _shared_arrays(kernel, dom.intersect(blocks), prefix, context)
     if not shared:
         return None
-    points = tiles.get_schedule_depth() + tiles.band_n_member()
-    point = tiles.child(0).insert_mark(isl.Id(SHARED_MARK)).child(0)
+    parallel = sum(1 for i in order if flags[i])
+    if private is not None and parallel < len(order):
+        # tile loops of the parallel members | private | the reduction's tile loops |
+        # shared | points: the reduction's first, then the thread's (unrolled) points
+        outer = tiles.band_split(parallel)
+        tiles = outer.child(0).insert_mark(isl.Id(PRIVATE_MARK)).child(0)
+        point = tiling.permute_band(tiles.child(0), list(range(parallel, len(order)))
+                                    + list(range(parallel)))
+        first = len(order) - parallel
+    else:
+        point, first = tiles.child(0), 0
+    depth = point.get_schedule_depth()
+    point = point.insert_mark(isl.Id(SHARED_MARK)).child(0)
     sched = point.get_schedule().intersect_domain(dom.intersect(blocks))
     _check_order(kernel, deps, dom, sched)
-    return sched, shared, points
+    return sched, shared, tuple(depth + first + i for i in range(len(dims)))
 
 
 def _check_order(kernel: Kernel, deps: Dependences, dom: isl.UnionSet,
@@ -400,7 +487,7 @@ def _members_are_parallel(node: isl.ScheduleNode, members: list[int],
 
 
 def _dims(kernel: Kernel, node: isl.ScheduleNode, dom: isl.UnionSet, chosen: list[int],
-          options: Options) -> tuple[MappedDim, ...]:
+          options: Options, registers: bool = False) -> tuple[MappedDim, ...]:
     mupa = node.band_get_partial_schedule()
     ranges = []
     for m in chosen:
@@ -416,6 +503,8 @@ def _dims(kernel: Kernel, node: isl.ScheduleNode, dom: isl.UnionSet, chosen: lis
         ranges.append((upa, lo_v.to_python(), hi, extent))
     blocks = block_sizes([r[3] for r in ranges], options.gpu_block)
     tiles = _tile_sizes(blocks, options.gpu_tile)
+    if registers and options.gpu_tile is None:
+        tiles = register_tiles(blocks, [r[3] for r in ranges], options.gpu_register_tile)
     ctx = node.get_ctx()
     dims = []
     for axis, m, (upa, lo, hi, extent), b, t in zip(AXES, chosen, ranges, blocks, tiles):
@@ -450,6 +539,19 @@ def block_sizes(extents: list[int | None], given: tuple[int, ...] | None) -> lis
         while e is not None and sizes[i] > 1 and sizes[i] // 2 >= e:
             sizes[i] //= 2
     return sizes
+
+
+def register_tiles(blocks: list[int], extents: list[int | None],
+                   points: bool | tuple[int, ...]) -> list[int]:
+    """Tiles of a register-tiled kernel: ``points`` per thread along each axis
+    (``True``: :data:`REGISTER_POINTS`), fewer where the extent is smaller."""
+    want = list(REGISTER_POINTS if points is True else points) + [1, 1, 1]
+    tiles = []
+    for b, e, p in zip(blocks, extents, want):
+        if e is not None:
+            p = max(1, min(p, -(-e // b)))
+        tiles.append(b * p)
+    return tiles
 
 
 def _tile_sizes(blocks: list[int], given: tuple[int, ...] | None) -> list[int]:
