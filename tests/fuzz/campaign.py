@@ -2,6 +2,7 @@
 
     python3 tests/fuzz/campaign.py -n 10000 -j 2 --seed 1 --out fuzz-out/
     python3 tests/fuzz/campaign.py -n 300 --sanitize      # every case under ASan/UBSan
+    python3 tests/fuzz/campaign.py -n 300 --target cuda   # the CUDA target, emulated
 
 Cases ``seed .. seed+n-1`` are split between ``-j`` worker processes (a worker that dies,
 e.g. on a segfault in compiled code, is reported as a crash of the case it was running
@@ -56,10 +57,11 @@ def worker(seeds, out_dir, do_shrink, shrink_s):
 
 
 def campaign(n, jobs, seed, out_dir, do_shrink=True, shrink_s=90.0, quiet=False,
-             sanitize=False):
+             sanitize=False, target="c"):
     os.makedirs(out_dir, exist_ok=True)
     cache = tempfile.mkdtemp(prefix="polyc-fuzz-cache-")
-    env = dict(os.environ, POLYC_CACHE_DIR=cache, OMP_NUM_THREADS="2")
+    env = dict(os.environ, POLYC_CACHE_DIR=cache, OMP_NUM_THREADS="2",
+               POLYC_FUZZ_TARGET=target)
     if sanitize:  # every library built with ASan/UBSan; a report kills the worker (a crash)
         from polyc.codegen.toolchain import sanitizer_environment
         env = sanitizer_environment(env)
@@ -151,6 +153,8 @@ def main(argv=None):
     ap.add_argument("--shrink-seconds", type=float, default=90.0)
     ap.add_argument("--sanitize", action="store_true",
                     help="build every case with ASan/UBSan (a report is a crash)")
+    ap.add_argument("--target", choices=("c", "cuda"), default="c",
+                    help="cuda: every case on the CUDA target, run by the CPU emulation")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
@@ -158,7 +162,7 @@ def main(argv=None):
         return 0
     t0 = time.time()
     results = campaign(a.n, a.j, a.seed, a.out, not a.no_shrink, a.shrink_seconds,
-                       sanitize=a.sanitize)
+                       sanitize=a.sanitize, target=a.target)
     with open(os.path.join(a.out, "results.jsonl"), "w") as f:
         for r in sorted(results, key=lambda r: r["seed"]):
             f.write(json.dumps(r) + "\n")

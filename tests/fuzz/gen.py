@@ -9,6 +9,7 @@ another, so the programs produced are valid by construction and by check.
 from __future__ import annotations
 
 import copy
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -54,10 +55,19 @@ class Case:
         return I.find_def(self.defs, self.entry)
 
 
+#: the grid of the CUDA target (``POLYC_FUZZ_TARGET=cuda``: run on the CPU emulation)
+CUDA_OPTION_CYCLE = dict(fusion=["min", "smart", "max"], specialize=[True, False],
+                         gpu_register_tile=[True, False, (3, 2)],
+                         gpu_block=[None, (32, 2), (64,)])
+
+
 def options_for(seed: int) -> dict:
     """A point of the option grid (cycled so that every value is hit often)."""
     out, k = {}, seed
-    for name, values in OPTION_CYCLE.items():
+    cuda = os.environ.get("POLYC_FUZZ_TARGET") == "cuda"
+    if cuda:
+        out = {"target": "cuda", "emulate": True}
+    for name, values in (CUDA_OPTION_CYCLE if cuda else OPTION_CYCLE).items():
         out[name] = values[k % len(values)]
         k //= len(values)
     return out
