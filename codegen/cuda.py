@@ -204,11 +204,15 @@ def kernel_ast(kernel: Kernel, gk: GpuKernel,
             name = node.mark_get_id().get_name()
             key = f"polyc_copy{len(copies)}"
             if name == SHARED_MARK:
-                copies[key] = [_copy(kernel, read_relation(kernel, stmts, sa.array), sa, at)
-                               for sa in gk.shared]
+                found = [_copy(kernel, read_relation(kernel, stmts, sa.array), sa, at)
+                         for sa in gk.shared]
+                copies[key] = [c for c in found if c is not None]
             elif name == PRIVATE_MARK:
                 p = gk.private
-                copies[key] = [_copy(kernel, write_relation(kernel, stmts, p.array), p, at)]
+                found = _copy(kernel, write_relation(kernel, stmts, p.array), p, at)
+                if found is None:
+                    raise InternalError(f"the register tile of {p.array} is empty")
+                copies[key] = [found]
             else:
                 return node
             return node.set_annotation(isl.Id(key, context=ctx))
@@ -244,11 +248,15 @@ def write_relation(kernel: Kernel, stmts: list, array: str) -> isl.UnionMap:
     return rel.intersect_params(kernel.context)
 
 
-def _copy(kernel: Kernel, relation: isl.UnionMap, sa: Any, build: isl.AstBuild) -> SharedCopy:
+def _copy(kernel: Kernel, relation: isl.UnionMap, sa: Any,
+          build: isl.AstBuild) -> SharedCopy | None:
     """The box of the elements ``relation`` touches in one iteration of the loops above
-    ``build``'s position (the whole block's instances)."""
+    ``build``'s position (the whole block's instances); None when there are none here
+    (a branch of a fused kernel whose statements do not read the array: fuzz seed 131)."""
     sched = build.get_schedule()
     footprint = sched.reverse().apply_range(relation)
+    if footprint.is_empty():
+        return None
     if footprint.n_map() != 1:
         raise InternalError(f"the footprint of {sa.array} is {footprint}")
     fp = footprint.get_map_list().get_at(0)

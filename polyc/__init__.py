@@ -29,8 +29,10 @@ from .errors import (
 )
 from .model import CompiledModel, build_model, compile_onnx
 from .options import Options
+from .schedule.space import ScheduleSpace, ScheduleTrace, load_schedule
 
-__all__ = ["CallError", "CompileError", "CompiledModel", "DeviceArray", "InternalError", "Operator", "Options",
+__all__ = ["CallError", "CompileError", "CompiledModel", "DeviceArray", "ScheduleSpace",
+           "ScheduleTrace", "load_schedule", "InternalError", "Operator", "Options",
            "ParseError", "PolycError", "RangeInferenceError", "RunError", "ScheduleError", "SemanticError",
            "ToolchainError", "UnsupportedError", "build_model", "compile_onnx", "define",
            "einsum", "to_device"]

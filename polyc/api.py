@@ -15,6 +15,7 @@ import numpy as np
 
 from . import pipeline
 from .codegen.runtime import check_array_sizes
+from .errors import CompileError
 from .ir import Kernel
 from .options import Options
 
@@ -67,6 +68,30 @@ class Operator:
         bound = pipeline.bind_sizes(self.kernel, arrays, sizes)
         outs = self.compiled_for(bound).run(arrays, bound)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def schedule_space(self, sizes: dict[str, int] | None = None) -> Any:
+        """The operator's schedule as an editable, immutable
+        :class:`polyc.schedule.space.ScheduleSpace` (source order; ``sizes`` fixes the
+        sizes it is checked for). Edit it with its primitives (``tile``, ``skew``,
+        ``parallel``...), then run it with :meth:`with_schedule`."""
+        from .schedule.space import ScheduleSpace
+        kernel = self.kernel.specialize(sizes) if sizes else self.kernel
+        return ScheduleSpace.default(kernel)
+
+    def with_schedule(self, schedule: Any) -> Operator:
+        """This operator compiled with ``schedule``: a ScheduleSpace, or a ScheduleTrace
+        (:func:`polyc.load_schedule`), replayed on every size it is compiled for."""
+        from .schedule.space import ScheduleSpace, ScheduleTrace
+        if isinstance(schedule, ScheduleSpace):
+            schedule = schedule.trace()
+        if not isinstance(schedule, ScheduleTrace):
+            raise TypeError(f"with_schedule takes a ScheduleSpace or ScheduleTrace, got "
+                            f"{type(schedule).__name__}")
+        if self.options.target != "c":
+            raise CompileError("schedules from the workbench compile for the C target")
+        text = schedule.to_json()
+        pipeline.user_schedule(self.kernel, text)  # refused now, not at the first call
+        return Operator(self.kernel, self.options.replace(schedule=text))
 
     def _shown(self) -> pipeline.Compiled:
         if self._last is None:

@@ -206,8 +206,13 @@ def _compile_cuda(kernel: Kernel, options: Options, build: bool) -> Compiled:
 
 
 def user_schedule(kernel: Kernel, text: str) -> isl.Schedule:
-    """A schedule given by the user: an isl union map ``{ S0[i,j] -> [...]; ... }`` or a
-    schedule tree in isl's YAML-like syntax. It is used as written (no tiling or marks)."""
+    """A schedule given by the user: an isl union map ``{ S0[i,j] -> [...]; ... }``, a
+    schedule tree in isl's YAML-like syntax, or a saved polyc schedule (the steps of a
+    :class:`polyc.schedule.space.ScheduleSpace`, replayed on ``kernel``). It is used as
+    written (no tiling or marks added)."""
+    if text.lstrip().startswith("{") and '"format"' in text and '"steps"' in text:
+        from .schedule.space import ScheduleSpace, ScheduleTrace
+        return ScheduleSpace.default(kernel).replay(ScheduleTrace.from_json(text)).tree()
     try:
         if text.lstrip().startswith("{ domain") or "child:" in text:
             return isl.Schedule.read_from_str(isl.DEFAULT_CONTEXT, text)

@@ -1,0 +1,653 @@
+"""Schedules as first-class objects: :class:`ScheduleSpace`, edited by primitives.
+
+A schedule space is the schedule of one kernel written the way papers and Pluto write it:
+per statement, a list of **dimensions**, each either a **loop** (an affine expression of
+the statement's iterators and the sizes, possibly with ``floor`` for tiles) with a name,
+or a **position** in a sequence (a constant that orders statements sharing the loops
+above it). The default is the source order::
+
+    S0: [0, m, n, 0]          for m: for n: S0          (positions: 0 and 1)
+    S1: [1, m, n, k]          for m: for n: for k: S1
+
+Statements are named S0, S1, ... in source order and loops by their source index names;
+tiling ``i`` makes ``i_tile`` (outer) and keeps ``i`` (inner). Every primitive is a pure
+function from space to space and checks the result against the kernel's exact
+dependences (isl) before returning it: an illegal step raises :class:`ScheduleError`
+that names the dependence (kind, source and sink statement, the array, a concrete pair
+of instances that would run in the wrong order) and, where a search over small skews,
+shifts and fusions finds one, the step that would make it legal. Each step is recorded:
+:meth:`ScheduleSpace.trace` replays on another operator (other sizes),
+:meth:`ScheduleSpace.save` writes it and :func:`load_schedule` reads it back.
+
+The space becomes an isl schedule tree (:meth:`ScheduleSpace.tree`): positions become
+sequence nodes, loops one-member bands, ``parallel``/``vectorize`` steps marks that the C
+printer turns into OpenMP pragmas -- compiled through the usual pipeline, whose
+legality check runs again on the tree.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import islpy as isl
+
+from .. import expr as E
+from ..deps import Dependences, compute_dependences
+from ..errors import ScheduleError
+from ..ir import Kernel, params_prefix
+
+#: format version of a saved schedule (:meth:`ScheduleSpace.save`)
+FORMAT = 1
+#: marks a loop can carry, and the name of the schedule-tree mark of each
+MARKS = {"parallel": "parallel", "vectorize": "simd"}
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One schedule dimension of a statement: a loop (``expr`` affine in the iterators,
+    isl syntax) named ``name``, or a sequence position (``expr`` an integer)."""
+    name: str
+    expr: str
+    loop: bool = True
+
+
+@dataclass(frozen=True)
+class Step:
+    """One primitive application, as recorded by the trace: ``name(*args)``."""
+    name: str
+    args: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        return f"{self.name}({', '.join(repr(a) for a in self.args)})"
+
+
+@dataclass(frozen=True)
+class ScheduleTrace:
+    """The steps of a schedule, replayable on any operator with the same statements and
+    loop names (:meth:`ScheduleSpace.replay`)."""
+    steps: tuple[Step, ...]
+    kernel: str = ""
+
+    def __str__(self) -> str:
+        return "\n".join(str(s) for s in self.steps) or "(the default schedule)"
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "kernel": self.kernel,
+                           "steps": [[s.name, *_plain(s.args)] for s in self.steps]}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> ScheduleTrace:
+        try:
+            data = json.loads(text)
+            if data.get("format") != FORMAT:
+                raise ScheduleError(f"unknown schedule format {data.get('format')!r} "
+                                    f"(this polyc reads format {FORMAT})")
+            steps = tuple(Step(s[0], tuple(_tuples(a) for a in s[1:])) for s in data["steps"])
+        except (ValueError, KeyError, TypeError, IndexError) as err:
+            raise ScheduleError(f"not a saved polyc schedule: {err}") from None
+        for s in steps:
+            if s.name not in PRIMITIVES:
+                raise ScheduleError(f"unknown primitive {s.name!r} in a saved schedule "
+                                    f"(known: {', '.join(sorted(PRIMITIVES))})")
+        return cls(steps, data.get("kernel", ""))
+
+
+def _plain(args: Iterable[Any]) -> list[Any]:
+    return [list(a) if isinstance(a, tuple) else a for a in args]
+
+
+def _tuples(a: Any) -> Any:
+    return tuple(_tuples(x) for x in a) if isinstance(a, list) else a
+
+
+def load_schedule(path: str) -> ScheduleTrace:
+    """A schedule saved by :meth:`ScheduleSpace.save` (apply it with
+    ``op.with_schedule(trace)`` or ``op.schedule_space().replay(trace)``)."""
+    with open(path) as f:
+        return ScheduleTrace.from_json(f.read())
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduleSpace:
+    """The schedule of ``kernel`` as per-statement dimensions (see the module doc)."""
+    kernel: Kernel
+    deps: Dependences
+    dims: tuple[tuple[str, tuple[Dim, ...]], ...]
+    #: (statement, loop name, mark) for parallel / vectorize
+    marks: frozenset[tuple[str, str, str]] = frozenset()
+    steps: tuple[Step, ...] = field(default=())
+    #: search for a fix when a step is refused (off while searching)
+    hints: bool = True
+
+    # -- construction ----------------------------------------------------------------
+
+    @classmethod
+    def default(cls, kernel: Kernel, deps: Dependences | None = None) -> ScheduleSpace:
+        """Source order: each statement in its own loop nest, in sequence."""
+        deps = deps or compute_dependences(kernel)
+        rows = []
+        for pos, s in enumerate(kernel.statements):
+            rows.append((s.name, (Dim("", str(pos), False),
+                                  *(Dim(it, it) for it in s.iterators))))
+        return cls(kernel, deps, _pad(tuple(rows)))
+
+    # -- reading ---------------------------------------------------------------------
+
+    @property
+    def statements(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.dims)
+
+    def loops(self, stmt: str) -> tuple[str, ...]:
+        """The loop names of ``stmt``, outermost first."""
+        return tuple(d.name for d in self._row(stmt) if d.loop and d.name)
+
+    def trace(self) -> ScheduleTrace:
+        return ScheduleTrace(self.steps, self.kernel.name)
+
+    def save(self, path: str) -> None:
+        """Write the trace (JSON) to ``path``: :func:`load_schedule` reads it."""
+        with open(path, "w") as f:
+            f.write(self.trace().to_json() + "\n")
+
+    def replay(self, trace: ScheduleTrace | Sequence[Step]) -> ScheduleSpace:
+        """This space with ``trace``'s steps applied in order (each checked)."""
+        steps = trace.steps if isinstance(trace, ScheduleTrace) else tuple(trace)
+        space = self
+        for s in steps:
+            space = getattr(space, s.name)(*s.args)
+        return space
+
+    def _row(self, stmt: str) -> tuple[Dim, ...]:
+        for name, row in self.dims:
+            if name == stmt:
+                return row
+        raise ScheduleError(f"{self.kernel.name} has no statement {stmt!r} (statements: "
+                            f"{', '.join(self.statements)})")
+
+    def _position(self, stmt: str, loop: str) -> int:
+        row = self._row(stmt)
+        for d, dim in enumerate(row):
+            if dim.loop and dim.name == loop:
+                return d
+        raise ScheduleError(f"statement {stmt} has no loop {loop!r} (its loops: "
+                            f"{', '.join(self.loops(stmt)) or 'none'})")
+
+    def schedule_map(self) -> isl.UnionMap:
+        """``{ S[i] -> [t0, t1, ...] }`` over every statement's domain."""
+        umap = isl.UnionMap.empty(self.kernel.context.get_space())
+        for name, row in self.dims:
+            umap = umap.union(isl.UnionMap.from_map(self._stmt_map(name, row)))
+        return umap.intersect_params(self.kernel.context)
+
+    def _stmt_map(self, name: str, row: tuple[Dim, ...]) -> isl.Map:
+        s = self.kernel.statement(name)
+        text = (f"{params_prefix(self.kernel.sizes)}{{ {name}[{', '.join(s.iterators)}] -> "
+                f"[{', '.join(d.expr for d in row)}] }}")
+        try:
+            m = isl.Map(text)
+        except isl.Error as err:
+            raise ScheduleError(f"statement {name}: the schedule {text} is not affine: "
+                                f"{err}") from None
+        return m.intersect_domain(s.domain)
+
+    # -- the tree --------------------------------------------------------------------
+
+    def tree(self) -> isl.Schedule:
+        """The isl schedule tree: positions as sequences, loops as one-member bands,
+        marks above the marked loops."""
+        dom = self.kernel.domain()
+        maps = {name: self._stmt_map(name, row) for name, row in self.dims}
+        root = isl.Schedule.from_domain(dom).get_root().child(0)
+        node = self._build(root, list(self.statements), 0, maps)
+        return node.get_schedule()
+
+    def _build(self, node: isl.ScheduleNode, stmts: list[str], d: int,
+               maps: dict[str, isl.Map]) -> isl.ScheduleNode:
+        """Builds the subtree of ``stmts`` from dimension ``d`` at ``node``; returns the
+        node at the same position (the top of the subtree)."""
+        depth = len(self.dims[0][1])
+        if d == depth:
+            return node
+        rows = {s: self._row(s)[d] for s in stmts}
+        kinds = {dim.loop for dim in rows.values()}
+        if kinds == {False}:
+            values = sorted({int(dim.expr) for dim in rows.values()})
+            if len(values) == 1:
+                return self._build(node, stmts, d + 1, maps)
+            groups = [[s for s in stmts if int(rows[s].expr) == v] for v in values]
+            filters = isl.UnionSetList.alloc(node.get_ctx(), len(groups))
+            for g in groups:
+                filters = filters.add(self._domain_of(g))
+            node = node.insert_sequence(filters)
+            for i, g in enumerate(groups):
+                child = self._build(node.child(i).child(0), g, d + 1, maps)
+                node = child.parent().parent()
+            return node
+        if len(kinds) != 1:
+            loops = [s for s in stmts if rows[s].loop]
+            seqs = [s for s in stmts if not rows[s].loop]
+            raise ScheduleError(f"statements {', '.join(loops)} have a loop at dimension {d} "
+                                f"where {', '.join(seqs)} have a sequence position; they "
+                                "share the loops above it: fuse or distribute them first")
+        umap = isl.UnionMap.empty(self.kernel.context.get_space())
+        for s in stmts:
+            m = maps[s]
+            n = m.dim(isl.dim_type.out)
+            part = m.project_out(isl.dim_type.out, d + 1, n - d - 1).project_out(
+                isl.dim_type.out, 0, d)
+            umap = umap.union(isl.UnionMap.from_map(part))
+        mupa = isl.MultiUnionPwAff.from_union_map(umap)
+        node = node.insert_partial_schedule(mupa)
+        marks = sorted({m for s in stmts for (st, loop, m) in self.marks
+                        if st == s and loop == rows[s].name})
+        for m in marks:
+            node = node.insert_mark(isl.Id(MARKS[m])).child(0)
+        child = self._build(node.child(0), stmts, d + 1, maps)
+        node = child.parent()
+        for _ in marks:
+            node = node.parent()
+        return node
+
+    def _domain_of(self, stmts: list[str]) -> isl.UnionSet:
+        out = isl.UnionSet.empty(self.kernel.context.get_space())
+        for s in stmts:
+            out = out.union(isl.UnionSet.from_set(self.kernel.statement(s).domain))
+        return out
+
+    def isl_text(self) -> str:
+        """The schedule tree as isl text (what ``Options(schedule=...)`` takes)."""
+        return str(self.tree())
+
+    # -- legality --------------------------------------------------------------------
+
+    def check(self) -> ScheduleSpace:
+        """Raise :class:`ScheduleError` unless every dependence runs in order and every
+        marked loop carries none; returns ``self``."""
+        smap = self.schedule_map()
+        violation = self._order_violation(smap)
+        if violation is not None:
+            raise ScheduleError(violation)
+        for stmt, loop, mark in sorted(self.marks):
+            why = self._carried(smap, stmt, loop)
+            if why is not None:
+                raise ScheduleError(f"{mark}({stmt}, {loop!r}) is illegal: the loop carries "
+                                    f"{why}")
+        return self
+
+    def _order_violation(self, smap: isl.UnionMap) -> str | None:
+        for kind, rel in (("flow", self.deps.flow), ("anti", self.deps.anti),
+                          ("output", self.deps.output)):
+            rel = rel.intersect_params(self.kernel.context)
+            timed = rel.apply_domain(smap).apply_range(smap).get_map_list()
+            maps = [timed.get_at(i) for i in range(timed.n_map())]
+            bad = [m for m in maps if not m.is_subset(isl.Map.lex_lt(m.get_space().range()))]
+            if not bad:
+                continue
+            late = bad[0].subtract(isl.Map.lex_lt(bad[0].get_space().range()))
+            pairs = rel.intersect(isl.UnionMap.from_map(late).apply_domain(smap.reverse())
+                                  .apply_range(smap.reverse()))
+            return self._describe(kind, pairs, "would run after (or with) its sink")
+        return None
+
+    def _carried(self, smap: isl.UnionMap, stmt: str, loop: str) -> str | None:
+        """None if the loop ``loop`` of ``stmt`` carries no dependence between the
+        statements sharing it, else a description of one."""
+        d = self._position(stmt, loop)
+        group = self._sharing(stmt, d)
+        dom = self._domain_of(group)
+        coincidence = self.deps.coincidence.intersect_params(self.kernel.context) \
+            .intersect_domain(dom).intersect_range(dom)
+        timed = coincidence.apply_domain(smap).apply_range(smap)
+        n = len(self.dims[0][1])
+        same = isl.Map(f"{{ [{', '.join(f't{i}' for i in range(n))}] -> "
+                       f"[{', '.join(f'u{i}' for i in range(n))}] : "
+                       + " and ".join([f"t{i} = u{i}" for i in range(d)] + [f"t{d} != u{d}"])
+                       + " }")
+        carried = timed.intersect(isl.UnionMap.from_map(same))
+        if carried.is_empty():
+            return None
+        pairs = coincidence.intersect(carried.apply_domain(smap.reverse())
+                                      .apply_range(smap.reverse()))
+        for kind, rel in (("flow", self.deps.flow), ("anti", self.deps.anti),
+                          ("output", self.deps.output), ("reduction", self.deps.reduction)):
+            hit = pairs.intersect(rel)
+            if not hit.is_empty():
+                return self._describe(kind, hit, "is carried by it")
+        return self._describe("coincidence", pairs, "is carried by it")
+
+    def _sharing(self, stmt: str, d: int) -> list[str]:
+        """The statements whose dimensions before ``d`` are the same loops and positions
+        as ``stmt``'s (they share its loop at ``d``)."""
+        mine = self._row(stmt)
+        out = []
+        for name, row in self.dims:
+            if all((a.loop == b.loop and (a.loop or a.expr == b.expr))
+                   for a, b in zip(mine[:d], row[:d])) and row[d].loop:
+                out.append(name)
+        return out
+
+    def _describe(self, kind: str, pairs: isl.UnionMap, what: str) -> str:
+        """``flow dependence S0 -> S1 through T: S0[3] writes what S1[2] reads ...``"""
+        m = pairs.get_map_list().get_at(0) if pairs.n_map() else None
+        if m is None:
+            return f"a {kind} dependence {what}"
+        src = m.get_tuple_name(isl.dim_type.in_)
+        dst = m.get_tuple_name(isl.dim_type.out)
+        arrays = self._arrays(kind, src, dst)
+        point = m.wrap().sample_point()
+        ctx = point.get_space()
+        nparam = ctx.dim(isl.dim_type.param)
+        params = {ctx.get_dim_name(isl.dim_type.param, i):
+                  point.get_coordinate_val(isl.dim_type.param, i).to_python()
+                  for i in range(nparam)}
+        n_in = m.dim(isl.dim_type.in_)
+        coords = [point.get_coordinate_val(isl.dim_type.set, i).to_python()
+                  for i in range(n_in + m.dim(isl.dim_type.out))]
+        a = f"{src}[{', '.join(map(str, coords[:n_in]))}]"
+        b = f"{dst}[{', '.join(map(str, coords[n_in:]))}]"
+        verbs = {"flow": ("writes", "reads"), "anti": ("reads", "overwrites"),
+                 "output": ("writes", "overwrites"), "reduction": ("updates", "updates")}
+        v1, v2 = verbs.get(kind, ("accesses", "accesses"))
+        where = f" of {', '.join(arrays)}" if arrays else ""
+        sizes = f" (with {', '.join(f'{k}={v}' for k, v in params.items())})" if params else ""
+        return (f"the {kind} dependence {src} -> {dst}{where} {what}: {a} {v1} what {b} "
+                f"{v2}{sizes}")
+
+    def _arrays(self, kind: str, src: str, dst: str) -> list[str]:
+        a, b = self.kernel.statement(src), self.kernel.statement(dst)
+        reads_a = {r.array for r in E.reads(a.value)}
+        reads_b = {r.array for r in E.reads(b.value)}
+        if kind == "flow":
+            return sorted({a.write.array} & reads_b)
+        if kind == "anti":
+            return sorted(reads_a & {b.write.array})
+        return sorted({a.write.array} & {b.write.array})
+
+    # -- editing ---------------------------------------------------------------------
+
+    def _checked(self, space: ScheduleSpace, step: Step) -> ScheduleSpace:
+        try:
+            return space.check()
+        except ScheduleError as err:
+            hint = space._suggest(self, step) if self.hints else ""
+            raise ScheduleError(f"{step} is illegal: {err}" + (f"; {hint}" if hint else "")) \
+                from None
+
+    def _suggest(self, before: ScheduleSpace, step: Step) -> str:
+        """A step that, done first, makes ``step`` legal (a small skew or shift), or ''."""
+        if step.name not in ("tile", "interchange", "reorder", "fuse", "parallel"):
+            return ""
+        stmt = step.args[0] if step.name != "fuse" else step.args[-1]
+        if stmt not in before.statements:
+            return ""
+        before = replace(before, hints=False)
+        loops = before.loops(stmt)
+        tries: list[Step] = []
+        if step.name == "fuse":
+            for loop in loops:
+                tries += [Step("shift", (stmt, loop, k)) for k in (1, 2)]
+        else:
+            for i, outer in enumerate(loops):
+                for inner in loops[i + 1:]:
+                    tries += [Step("skew", (stmt, outer, inner, f)) for f in (1, 2)]
+        for t in tries:
+            try:
+                fixed = getattr(before, t.name)(*t.args)
+                getattr(fixed, step.name)(*step.args)
+            except ScheduleError:
+                continue
+            return f"legal after {t} first"
+        return ""
+
+    def _nest(self, stmt: str, loops: Sequence[str], step: Step,
+              edit: Any) -> ScheduleSpace:
+        """Apply ``edit(row, positions) -> row`` to ``stmt`` and to every statement sharing
+        the loops ``loops`` of ``stmt`` with it (a loop-nest transformation: the
+        statements fused in the nest move together); positions are those of ``loops``."""
+        pos = [self._position(stmt, lp) for lp in loops]
+        group = self._sharing(stmt, max(pos))
+        rows = {g: tuple(edit(list(self._row(g)), pos)) for g in group}
+        dims = tuple((name, rows.get(name, row)) for name, row in self.dims)
+        return self._checked(replace(self, dims=_pad(dims), steps=self.steps + (step,)), step)
+
+    # -- primitives ------------------------------------------------------------------
+
+    def tile(self, stmt: str, loops: str | Sequence[str], sizes: int | Sequence[int]
+             ) -> ScheduleSpace:
+        """Tile the consecutive loops ``loops`` of ``stmt``'s nest by ``sizes``: loop ``i``
+        gives ``i_tile`` (``floor(i / size)``, outer) and keeps ``i`` (inner); the tile
+        loops come first, in the order of ``loops``."""
+        loops = (loops,) if isinstance(loops, str) else tuple(loops)
+        sizes = (sizes,) * len(loops) if isinstance(sizes, int) else tuple(sizes)
+        step = Step("tile", (stmt, loops, sizes))
+        if len(loops) != len(sizes) or not loops:
+            raise ScheduleError(f"{step}: give one size per loop")
+        if any(not isinstance(t, int) or t < 1 for t in sizes):
+            raise ScheduleError(f"{step}: tile sizes must be positive integers")
+        pos = [self._position(stmt, lp) for lp in loops]
+        if pos != list(range(pos[0], pos[0] + len(pos))):
+            raise ScheduleError(f"{step}: the loops must be consecutive, outermost first "
+                                f"(the loops of {stmt}: {', '.join(self.loops(stmt))}); "
+                                "reorder them first")
+
+        def edit(row: list[Dim], at: list[int]) -> list[Dim]:
+            taken = {d.name for d in row if d.loop}
+            tiles = [Dim(_fresh(f"{row[p].name}_tile", taken), f"floor(({row[p].expr})/{t})")
+                     for p, t in zip(at, sizes)]
+            return row[:at[0]] + tiles + row[at[0]:]
+        return self._nest(stmt, loops, step, edit)
+
+    def split(self, stmt: str, loop: str, factor: int) -> ScheduleSpace:
+        """``loop`` as ``loop_tile`` (outer, ``floor(loop / factor)``) and ``loop`` (inner,
+        ``factor`` iterations): a tile of one loop."""
+        return self.tile(stmt, (loop,), (factor,))
+
+    def reorder(self, stmt: str, *loops: str) -> ScheduleSpace:
+        """Put ``loops`` (loops of ``stmt``'s nest) in this order, in the positions they
+        occupy; the other dimensions stay."""
+        step = Step("reorder", (stmt, *loops))
+        if len(set(loops)) != len(loops) or not loops:
+            raise ScheduleError(f"{step}: name each loop once")
+
+        def edit(row: list[Dim], at: list[int]) -> list[Dim]:
+            moved = [row[p] for p in at]
+            for p, dim in zip(sorted(at), moved):
+                row[p] = dim
+            return row
+        return self._nest(stmt, loops, step, edit)
+
+    def interchange(self, stmt: str, a: str, b: str) -> ScheduleSpace:
+        """Swap loops ``a`` and ``b`` of ``stmt``'s nest."""
+        step = Step("interchange", (stmt, a, b))
+
+        def edit(row: list[Dim], at: list[int]) -> list[Dim]:
+            row[at[0]], row[at[1]] = row[at[1]], row[at[0]]
+            return row
+        return self._nest(stmt, (a, b), step, edit)
+
+    def skew(self, stmt: str, outer: str, inner: str, factor: int = 1) -> ScheduleSpace:
+        """``inner := inner + factor * outer`` (``outer`` outside ``inner``): the wavefront
+        that makes a stencil's loops tileable."""
+        step = Step("skew", (stmt, outer, inner, factor))
+        if self._position(stmt, outer) >= self._position(stmt, inner):
+            raise ScheduleError(f"{step}: {outer!r} must be outside {inner!r}")
+
+        def edit(row: list[Dim], at: list[int]) -> list[Dim]:
+            o, i = at
+            row[i] = replace(row[i], expr=f"({row[i].expr}) + {int(factor)}*({row[o].expr})")
+            return row
+        return self._nest(stmt, (outer, inner), step, edit)
+
+    def reverse(self, stmt: str, loop: str) -> ScheduleSpace:
+        """Run ``loop`` of ``stmt``'s nest backwards."""
+        step = Step("reverse", (stmt, loop))
+
+        def edit(row: list[Dim], at: list[int]) -> list[Dim]:
+            row[at[0]] = replace(row[at[0]], expr=f"-({row[at[0]].expr})")
+            return row
+        return self._nest(stmt, (loop,), step, edit)
+
+    def shift(self, stmt: str, loop: str, amount: int) -> ScheduleSpace:
+        """``loop := loop + amount`` for ``stmt`` alone (to align it with the statements
+        it is fused with)."""
+        step = Step("shift", (stmt, loop, amount))
+        row = list(self._row(stmt))
+        d = self._position(stmt, loop)
+        row[d] = replace(row[d], expr=f"({row[d].expr}) + {int(amount)}")
+        dims = tuple((name, tuple(row) if name == stmt else r) for name, r in self.dims)
+        return self._checked(replace(self, dims=_pad(dims), steps=self.steps + (step,)), step)
+
+    def fuse(self, loops: int, *stmts: str) -> ScheduleSpace:
+        """Let ``stmts`` (in this order) share their ``loops`` outermost loops: one nest
+        instead of several (their positions move below the shared loops)."""
+        step = Step("fuse", (loops, *stmts))
+        if len(stmts) < 2:
+            raise ScheduleError(f"{step}: name at least two statements")
+        rows = {s: self._row(s) for s in stmts}
+        for s, row in rows.items():
+            if sum(1 for d in row if d.loop and d.name) < loops:
+                raise ScheduleError(f"{step}: {s} has fewer than {loops} loops")
+        # positions above the fused loops must agree: take the first statement's
+        first = rows[stmts[0]]
+        new: dict[str, tuple[Dim, ...]] = {}
+        for k, s in enumerate(stmts):
+            row = [d for d in rows[s] if d.loop or d.expr]
+            lead, rest = _split_loops(row, loops)
+            prefix = [d for d in first if not d.loop][:1] if not lead[0].loop else []
+            shared = [d for d in lead if d.loop]
+            new[s] = tuple(prefix + shared + [Dim("", str(k), False)] + rest)
+        dims = tuple((name, new.get(name, row)) for name, row in self.dims)
+        return self._checked(replace(self, dims=_pad(dims), steps=self.steps + (step,)), step)
+
+    def distribute(self, stmt: str) -> ScheduleSpace:
+        """Give ``stmt`` a loop nest of its own: the nest it shares is split in three, the
+        statements before it, ``stmt``, the statements after it (their order kept)."""
+        step = Step("distribute", (stmt,))
+        row = self._row(stmt)
+        if row[0].loop:
+            raise ScheduleError(f"{step}: {stmt} has no sequence position at the top")
+        top = int(row[0].expr)
+        nest = [n for n, r in self.dims if not r[0].loop and int(r[0].expr) == top]
+        if len(nest) < 2:
+            raise ScheduleError(f"{step}: {stmt} already has a loop nest of its own")
+
+        def order(name: str) -> tuple[int, ...]:  # the positions inside the nest
+            return tuple(int(d.expr) for d in self._row(name)[1:] if not d.loop)
+        mine = order(stmt)
+        dims = []
+        for name, r in self.dims:
+            if name == stmt:
+                r = (Dim("", str(top + 1), False),) + tuple(d for d in r[1:] if d.loop)
+            elif name in nest and order(name) > mine:
+                r = (Dim("", str(top + 2), False),) + r[1:]
+            elif not r[0].loop and int(r[0].expr) > top:
+                r = (Dim("", str(int(r[0].expr) + 2), False),) + r[1:]
+            dims.append((name, r))
+        return self._checked(replace(self, dims=_pad(tuple(dims)),
+                                     steps=self.steps + (step,)), step)
+
+    def parallel(self, stmt: str, loop: str) -> ScheduleSpace:
+        """Run ``loop`` (and the same loop of the statements sharing it) with OpenMP
+        threads; refused if it carries a dependence."""
+        return self._mark(stmt, loop, "parallel")
+
+    def vectorize(self, stmt: str, loop: str) -> ScheduleSpace:
+        """Mark ``loop`` (innermost) ``omp simd``; refused if it carries a dependence."""
+        if self.loops(stmt)[-1:] != (loop,):
+            raise ScheduleError(f"vectorize({stmt!r}, {loop!r}): only the innermost loop of "
+                                f"{stmt} ({self.loops(stmt)[-1]!r}) can be vectorized; "
+                                "reorder first")
+        return self._mark(stmt, loop, "vectorize")
+
+    def _mark(self, stmt: str, loop: str, mark: str) -> ScheduleSpace:
+        step = Step(mark, (stmt, loop))
+        d = self._position(stmt, loop)
+        group = self._sharing(stmt, d)
+        names = {s: self._row(s)[d].name for s in group}
+        marks = self.marks | {(s, n, mark) for s, n in names.items()}
+        return self._checked(replace(self, marks=marks, steps=self.steps + (step,)), step)
+
+    # -- text ------------------------------------------------------------------------
+
+    def __str__(self) -> str:
+        lines = [f"schedule of {self.kernel.name}"
+                 + (f" ({len(self.steps)} steps)" if self.steps else " (source order)")]
+        lines += self._sketch(list(self.statements), 0, "  ")
+        lines.append("dimensions:")
+        for name, row in self.dims:
+            shown = [d.expr if not d.loop or not d.name else
+                     (d.name if d.expr == d.name else f"{d.name}={d.expr}")
+                     for d in row]
+            lines.append(f"  {name}: [{', '.join(shown)}]")
+        if self.steps:
+            lines.append("steps:")
+            lines += [f"  {s}" for s in self.steps]
+        return "\n".join(lines)
+
+    def _sketch(self, stmts: list[str], d: int, indent: str) -> list[str]:
+        depth = len(self.dims[0][1])
+        if d == depth:
+            return [indent + self._stmt_text(s) for s in stmts]
+        rows = {s: self._row(s)[d] for s in stmts}
+        if all(not r.loop for r in rows.values()):
+            out = []
+            for v in sorted({int(r.expr) for r in rows.values()}):
+                out += self._sketch([s for s in stmts if int(rows[s].expr) == v], d + 1, indent)
+            return out
+        if all(r.loop and not r.name for r in rows.values()):  # padding
+            return self._sketch(stmts, d + 1, indent)
+        names = sorted({r.name or "-" for r in rows.values()})
+        first = rows[stmts[0]]
+        what = names[0] if len(names) == 1 else "/".join(names)
+        expr = f" = {first.expr}" if len(names) == 1 and first.expr != first.name else ""
+        marks = sorted({m for (s, loop, m) in self.marks if s in rows and loop == rows[s].name})
+        note = f"  # {', '.join(marks)}" if marks else ""
+        return [f"{indent}for {what}{expr}:{note}"] + self._sketch(stmts, d + 1, indent + "  ")
+
+    def _stmt_text(self, name: str) -> str:
+        s = self.kernel.statement(name)
+        w = E.show(E.Read(s.write.array, s.write.indices))
+        op = "=" if s.op == "=" else f"{s.op}="
+        return f"{name}: {w} {op} {E.show(s.value)}"
+
+    def __repr__(self) -> str:
+        return f"<ScheduleSpace of {self.kernel.name}: {len(self.steps)} steps>"
+
+
+#: the primitives a trace may name
+PRIMITIVES = ("tile", "split", "reorder", "interchange", "skew", "shift", "reverse", "fuse",
+              "distribute", "parallel", "vectorize")
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    out, k = name, 2
+    while out in taken:
+        out, k = f"{name}{k}", k + 1
+    taken.add(out)
+    return out
+
+
+def _split_loops(row: list[Dim], n: int) -> tuple[list[Dim], list[Dim]]:
+    """The dimensions up to and including the ``n``-th named loop, and the rest."""
+    count = 0
+    for i, d in enumerate(row):
+        if d.loop and d.name:
+            count += 1
+            if count == n:
+                return row[:i + 1], row[i + 1:]
+    return row, []
+
+
+def _pad(rows: tuple[tuple[str, tuple[Dim, ...]], ...]) -> tuple[tuple[str, tuple[Dim, ...]], ...]:
+    """Every statement's dimensions to the same length (trailing ``0`` loops), with
+    trailing padding common to all removed."""
+    stripped = []
+    for n, r in rows:
+        r = list(r)
+        while r and r[-1].loop and not r[-1].name:
+            r.pop()
+        stripped.append((n, r))
+    depth = max((len(r) for _, r in stripped), default=0)
+    return tuple((n, tuple(r + [Dim("", "0")] * (depth - len(r)))) for n, r in stripped)
