@@ -11,7 +11,7 @@
     m = polyc.compile_onnx("model.onnx")          # a whole model -> one C library
     outputs = m.run(None, {"input": x})
 """
-from .api import Operator, define, einsum
+from .api import Operator, define, einsum, scop
 from .codegen.cuda_runtime import to_device
 from .codegen.device_array import DeviceArray
 from .errors import (
@@ -35,5 +35,5 @@ __all__ = ["CallError", "CompileError", "CompiledModel", "DeviceArray", "Schedul
            "ScheduleTrace", "load_schedule", "InternalError", "Operator", "Options",
            "ParseError", "PolycError", "RangeInferenceError", "RunError", "ScheduleError", "SemanticError",
            "ToolchainError", "UnsupportedError", "build_model", "compile_onnx", "define",
-           "einsum", "to_device"]
+           "einsum", "scop", "to_device"]
 __version__ = "0.1.0"

@@ -91,7 +91,10 @@ class Operator:
             raise CompileError("schedules from the workbench compile for the C target")
         text = schedule.to_json()
         pipeline.user_schedule(self.kernel, text)  # refused now, not at the first call
-        return Operator(self.kernel, self.options.replace(schedule=text))
+        return self._with_options(self.options.replace(schedule=text))
+
+    def _with_options(self, options: Options) -> Operator:
+        return Operator(self.kernel, options)
 
     def _shown(self) -> pipeline.Compiled:
         if self._last is None:
@@ -160,3 +163,61 @@ _EINSUM_CACHE: dict[tuple[Any, ...], Operator] = {}
 def _options(options: Options | None, values: dict[str, Any]) -> Options:
     base = options or Options()
     return base.replace(**values) if values else base
+
+
+class ScopOperator(Operator):
+    """A C function's ``#pragma scop`` region (:func:`scop`), called like the C function:
+    ``op(T=5, N=33, A=a, B=b)`` (or positionally, in the C parameter order). The arrays
+    the region writes are updated in place, as the C would, and returned."""
+
+    def __init__(self, scop: Any, options: Options | None = None):
+        super().__init__(scop.kernel, options)
+        self.scop = scop
+
+    def _with_options(self, options: Options) -> Operator:
+        return ScopOperator(self.scop, options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .codegen.runtime import NUMPY_DTYPES
+        from .errors import CallError
+        from . import expr as E
+        params = self.scop.params
+        if len(args) > len(params):
+            raise CallError(f"{self.name} takes {len(params)} parameters, got {len(args)}")
+        given = dict(zip((p.name for p in params), args))
+        for k, v in kwargs.items():
+            if k in given:
+                raise CallError(f"{self.name}: parameter {k!r} given twice")
+            if k not in {p.name for p in params}:
+                raise CallError(f"{self.name} has no parameter {k!r} (parameters: "
+                                f"{', '.join(p.name for p in params)})")
+            given[k] = v
+        missing = [p.name for p in params if p.name not in given]
+        if missing:
+            raise CallError(f"{self.name}: missing parameter(s) {', '.join(missing)}")
+        sizes = {p.name: int(given[p.name]) for p in params if p.kind == "size"}
+        kernel = self.kernel
+        for p in params:
+            if p.kind != "array" or p.name not in {a.name for a in kernel.arrays}:
+                continue
+            x, arr = given[p.name], kernel.array(p.name)
+            shape = tuple(E.evaluate(d, sizes) for d in arr.shape)
+            want = NUMPY_DTYPES[arr.dtype]
+            if not isinstance(x, np.ndarray) or x.dtype != want or x.shape != shape:
+                got = f"{x.dtype}{list(x.shape)}" if isinstance(x, np.ndarray) else type(x).__name__
+                raise CallError(f"{self.name}: parameter {p.name!r} must be a {want}"
+                                f"{list(shape)} array with {sizes}, got {got}")
+        outs = [given[n] for n in kernel.outputs]
+        inputs = [given[n] for n in kernel.inputs]
+        self.compiled_for(sizes).function(inputs, sizes, outputs=outs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def scop(source: str, function: str | None = None, options: Options | None = None,
+         **option_values: Any) -> ScopOperator:
+    """The ``#pragma scop`` region of the C ``function`` in ``source`` as an operator
+    (see :mod:`polyc.frontend.scop`); its schedule space and every primitive work as for
+    a TC operator."""
+    from .frontend.scop import from_scop
+    return ScopOperator(from_scop(source, function), _options(options, option_values))
+

@@ -59,12 +59,15 @@ class Dependences:
 
 
 def program_order(kernel: Kernel) -> isl.UnionMap:
-    """``{ S_s[i...] -> [s, i..., 0...] }``: statements in sequence, each in its loop order."""
-    depth = max((len(s.iterators) for s in kernel.statements), default=0)
+    """``{ S_s[i...] -> [s, i..., 0...] }``: statements in sequence, each in its loop
+    order -- or, when statements share loops (``kernel.order``, C input), their position
+    vectors ``[0, t, 1, i, 0]``."""
+    betas = [tuple(str(x) for x in kernel.position(s.name)) for s in kernel.statements]
+    depth = max((len(b) for b in betas), default=0)
     umap = isl.UnionMap.empty(kernel.context.get_space())
-    for pos, s in enumerate(kernel.statements):
+    for s, beta in zip(kernel.statements, betas):
         its = list(s.iterators)
-        time = [str(pos)] + its + ["0"] * (depth - len(its))
+        time = list(beta) + ["0"] * (depth - len(beta))
         m = isl.Map(f"{params_prefix(kernel.sizes)}{{ {s.name}[{', '.join(its)}] -> "
                     f"[{', '.join(time)}] }}")
         umap = umap.union(isl.UnionMap.from_map(m.intersect_domain(s.domain)))

@@ -139,4 +139,5 @@ def _inline(kernel: Kernel, i: int, j: int) -> Kernel:
     used = {a for st in stmts for a in ({st.write.array} | _read_arrays(st))}
     arrays = tuple(a for a in kernel.arrays if a.role != "temp" or a.name in used)
     return Kernel(kernel.name, kernel.sizes, arrays, tuple(stmts), kernel.inputs,
-                  kernel.outputs, kernel.context, kernel.fixed_sizes)
+                  kernel.outputs, kernel.context, kernel.fixed_sizes,
+                  tuple(o for o in kernel.order if o[0] != s.name))

@@ -119,6 +119,11 @@ class Kernel:
     context: isl.Set = field(default=None)  # type: ignore[assignment]
     #: scalar size values fixed at compile time (specialisation); empty: generic code
     fixed_sizes: tuple[tuple[str, int], ...] = ()
+    #: the program order when statements share loops (C input): per statement, its
+    #: position vector -- ints (positions in a sequence) and iterator names (loops),
+    #: e.g. ``(0, "t", 1, "i", 0)``. Empty: each statement is a loop nest of its own, in
+    #: sequence (TC, einsum, ONNX)
+    order: tuple[tuple[str, tuple[int | str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.context is None:
@@ -155,7 +160,15 @@ class Kernel:
             if pos >= 0:
                 ctx = ctx.fix_val(isl.dim_type.param, pos, isl.Val.int_from_si(ctx.get_ctx(), v))
         return Kernel(self.name, self.sizes, self.arrays, self.statements, self.inputs,
-                      self.outputs, ctx, tuple(sorted(values.items())))
+                      self.outputs, ctx, tuple(sorted(values.items())), self.order)
+
+    def position(self, stmt: str) -> tuple[int | str, ...]:
+        """The program-order position vector of ``stmt`` (see :attr:`order`)."""
+        for name, beta in self.order:
+            if name == stmt:
+                return beta
+        s = self.statement(stmt)
+        return (self.statements.index(s), *s.iterators)
 
 
 def params_prefix(sizes: tuple[str, ...] | list[str]) -> str:

@@ -217,10 +217,12 @@ def _map_kernel(kernel: Kernel, deps: Dependences, schedule: isl.Schedule,
     coincidence = deps.coincidence.intersect_params(kernel.context) \
         .intersect_domain(dom).intersect_range(dom)
     candidates = [i for i, f in enumerate(flags)
-                  if f and _members_are_parallel(node, [i], coincidence)]
+                  if f and _members_are_parallel(node, [i], coincidence)
+                  and _starts_at_constant(kernel, node, dom, i)]
     dropped = [i for i, f in enumerate(flags) if f and i not in candidates]
     note = (f"band member(s) {dropped} flagged coincident but carrying a dependence between "
-            "the kernel's statements (isl): not mapped" if dropped else "")
+            "the kernel's statements (isl), or starting at a value that depends on the "
+            "sizes: not mapped" if dropped else "")
     chosen = _choose_members(node, kernel, candidates) if candidates else []
     while chosen and not _members_are_parallel(node, chosen, coincidence):
         chosen = chosen[:-1]  # (each member alone is parallel: never reached in practice)
@@ -459,6 +461,16 @@ def _choose_members(node: isl.ScheduleNode, kernel: Kernel, candidates: list[int
     x = max(reversed(candidates), key=lambda i: scores[i])  # ties: the innermost
     rest = [i for i in reversed(candidates) if i != x]
     return [x] + rest[:2]
+
+
+def _starts_at_constant(kernel: Kernel, node: isl.ScheduleNode, dom: isl.UnionSet,
+                        member: int) -> bool:
+    """Whether the member's first value is a constant (blocks count from it; a start
+    that depends on the sizes, fuzz seed 317, leaves the member a loop in the thread)."""
+    upa = node.band_get_partial_schedule().get_union_pw_aff(member)
+    image = isl.UnionMap.from_union_pw_aff(upa).intersect_domain(dom).range()
+    s = isl.Set.from_union_set(image).intersect_params(kernel.context)
+    return s.dim_min(0).is_cst() and s.dim_min_val(0).is_int()
 
 
 def _member_map(node: isl.ScheduleNode, members: list[int]) -> isl.UnionMap:

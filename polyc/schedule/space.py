@@ -125,12 +125,13 @@ class ScheduleSpace:
 
     @classmethod
     def default(cls, kernel: Kernel, deps: Dependences | None = None) -> ScheduleSpace:
-        """Source order: each statement in its own loop nest, in sequence."""
+        """Source order: each statement in its own loop nest, in sequence (or, for C
+        input, the loops as the C shares them)."""
         deps = deps or compute_dependences(kernel)
         rows = []
-        for pos, s in enumerate(kernel.statements):
-            rows.append((s.name, (Dim("", str(pos), False),
-                                  *(Dim(it, it) for it in s.iterators))))
+        for s in kernel.statements:
+            rows.append((s.name, tuple(Dim(x, x) if isinstance(x, str) else
+                                       Dim("", str(x), False) for x in kernel.position(s.name))))
         return cls(kernel, deps, _pad(tuple(rows)))
 
     # -- reading ---------------------------------------------------------------------
@@ -640,9 +641,35 @@ def _split_loops(row: list[Dim], n: int) -> tuple[list[Dim], list[Dim]]:
     return row, []
 
 
+def _simplify(rows: dict[str, list[Dim]], group: list[str], d: int) -> None:
+    """Drop the sequence positions below the top that order nothing (every statement
+    sharing the loops above has the same value), in place: ``for t: for i: S`` is
+    ``[0, t, i]``, not ``[0, t, 0, i, 0]``, so that its loops are consecutive."""
+    while True:
+        here = [rows[s][d] for s in group if d < len(rows[s])]
+        if len(here) < len(group) or not here:
+            return
+        if all(not x.loop for x in here):
+            values = sorted({int(x.expr) for x in here})
+            if len(values) == 1 and d > 0:
+                for s in group:
+                    del rows[s][d]
+                continue
+            for v in values:
+                _simplify(rows, [s for s in group if int(rows[s][d].expr) == v], d + 1)
+            return
+        if all(x.loop for x in here):
+            d += 1
+            continue
+        return
+
+
 def _pad(rows: tuple[tuple[str, tuple[Dim, ...]], ...]) -> tuple[tuple[str, tuple[Dim, ...]], ...]:
     """Every statement's dimensions to the same length (trailing ``0`` loops), with
-    trailing padding common to all removed."""
+    trailing padding common to all removed and positions that order nothing dropped."""
+    table = {n: list(r) for n, r in rows}
+    _simplify(table, [n for n, _ in rows], 0)
+    rows = tuple((n, tuple(table[n])) for n, _ in rows)
     stripped = []
     for n, r in rows:
         r = list(r)

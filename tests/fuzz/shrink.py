@@ -314,8 +314,10 @@ def shrink(case: G.Case, outcome: Outcome, budget_s: float = 120.0, log=None):
 
 def _arr(a) -> str:
     a = np.asarray(a)
-    return f"np.array({a.tolist()!r}, dtype={str(a.dtype)!r})".replace("nan", "float('nan')") \
+    text = f"np.array({a.tolist()!r}, dtype={str(a.dtype)!r})".replace("nan", "float('nan')") \
         .replace("inf", "float('inf')")
+    # an empty array's list loses the extents after the zero one: keep the shape
+    return f"{text}.reshape({a.shape!r})" if a.size == 0 else text
 
 
 TEMPLATE = '''"""polyc fuzz reproducer ({kind}): {message}

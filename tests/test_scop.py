@@ -1,0 +1,252 @@
+"""C loop nests as input (issue 11, part 4): ``polyc.scop`` reads the ``#pragma scop``
+region of a C function (pycparser), keeps C's program order (statements sharing loops),
+runs it against a Python transcription of the same loops, and every schedule primitive
+works on it: stencils skewed and tiled, illegal steps refused with the dependence.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polyc
+from polyc.errors import ParseError, ScheduleError, SemanticError, UnsupportedError
+
+JACOBI_1D = r"""
+#include <math.h>
+/* two half-steps per time step, through B */
+void jacobi_1d(int T, int N, float A[N], float B[N])
+{
+#pragma scop
+  for (int t = 0; t < T; t++) {
+    for (int i = 1; i < N - 1; i++)
+      B[i] = 0.33333f * (A[i - 1] + A[i] + A[i + 1]);
+    for (int i = 1; i < N - 1; i++)
+      A[i] = 0.33333f * (B[i - 1] + B[i] + B[i + 1]);
+  }
+#pragma endscop
+}
+"""
+
+JACOBI_2D = r"""
+void jacobi_2d(int T, int N, double A[N][N], double B[N][N])
+{
+  int t, i, j;
+#pragma scop
+  for (t = 0; t < T; t++) {
+    for (i = 1; i <= N - 2; i++)
+      for (j = 1; j <= N - 2; j++)
+        B[i][j] = 0.2 * (A[i][j] + A[i][j - 1] + A[i][j + 1] + A[i + 1][j] + A[i - 1][j]);
+    for (i = 1; i <= N - 2; i++)
+      for (j = 1; j <= N - 2; j++)
+        A[i][j] = 0.2 * (B[i][j] + B[i][j - 1] + B[i][j + 1] + B[i + 1][j] + B[i - 1][j]);
+  }
+#pragma endscop
+}
+"""
+
+SEIDEL_2D = r"""
+// Gauss-Seidel: in place, every point reads its already-updated neighbours
+void seidel_2d(int T, int N, double A[N][N])
+{
+#pragma scop
+  for (int t = 0; t <= T - 1; t++)
+    for (int i = 1; i <= N - 2; i++)
+      for (int j = 1; j <= N - 2; j++)
+        A[i][j] = (A[i - 1][j - 1] + A[i - 1][j] + A[i - 1][j + 1]
+                   + A[i][j - 1] + A[i][j] + A[i][j + 1]
+                   + A[i + 1][j - 1] + A[i + 1][j] + A[i + 1][j + 1]) / 9.0;
+#pragma endscop
+}
+"""
+
+GEMM = r"""
+void gemm(int NI, int NJ, int NK, double alpha, double beta,
+          double C[NI][NJ], double A[NI][NK], double B[NK][NJ])
+{
+#pragma scop
+  for (int i = 0; i < NI; i++) {
+    for (int j = 0; j < NJ; j++)
+      C[i][j] *= beta;
+    for (int k = 0; k < NK; k++)
+      for (int j = 0; j < NJ; j++)
+        C[i][j] += alpha * A[i][k] * B[k][j];
+  }
+#pragma endscop
+}
+"""
+
+TRIANGLE = r"""
+void lower(int N, float L[N][N], float x[N])
+{
+#pragma scop
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < N; j++)
+      if (j <= i && i + j != 3)
+        L[i][j] = L[i][j] * 2.0f + x[j];
+      else
+        L[i][j] = sqrtf(fabsf(x[i]));
+#pragma endscop
+}
+"""
+
+
+def ref_jacobi_1d(T, A, B):
+    A, B = A.copy(), B.copy()
+    c = np.float32(0.33333)
+    for _ in range(T):
+        B[1:-1] = c * (A[:-2] + A[1:-1] + A[2:])
+        A[1:-1] = c * (B[:-2] + B[1:-1] + B[2:])
+    return A, B
+
+
+def ref_jacobi_2d(T, A, B):
+    A, B = A.copy(), B.copy()
+    for _ in range(T):
+        B[1:-1, 1:-1] = 0.2 * (A[1:-1, 1:-1] + A[1:-1, :-2] + A[1:-1, 2:] + A[2:, 1:-1]
+                               + A[:-2, 1:-1])
+        A[1:-1, 1:-1] = 0.2 * (B[1:-1, 1:-1] + B[1:-1, :-2] + B[1:-1, 2:] + B[2:, 1:-1]
+                               + B[:-2, 1:-1])
+    return A, B
+
+
+def ref_seidel_2d(T, A):
+    A = A.copy()
+    n = A.shape[0]
+    for _ in range(T):
+        for i in range(1, n - 1):
+            for j in range(1, n - 1):
+                A[i, j] = (A[i - 1, j - 1] + A[i - 1, j] + A[i - 1, j + 1] + A[i, j - 1]
+                           + A[i, j] + A[i, j + 1] + A[i + 1, j - 1] + A[i + 1, j]
+                           + A[i + 1, j + 1]) / 9.0
+    return A
+
+
+def run_jacobi_1d(op, T=5, N=37, seed=0):
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal(N).astype(np.float32)
+    B = rng.standard_normal(N).astype(np.float32)
+    want = ref_jacobi_1d(T, A, B)
+    got = op(T=T, N=N, A=A, B=B)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    return got
+
+
+def test_jacobi_1d_runs_in_place_as_the_c_would():
+    op = polyc.scop(JACOBI_1D, function="jacobi_1d")
+    assert op.kernel.outputs == ("A", "B") and op.kernel.inputs == ()
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal(33).astype(np.float32)
+    B = np.zeros(33, np.float32)
+    want = ref_jacobi_1d(4, A, B)
+    A2, B2 = op(4, 33, A, B)  # positional, in the C parameter order
+    assert A2 is A and B2 is B  # updated in place
+    np.testing.assert_allclose(A, want[0], rtol=1e-5, atol=1e-6)
+    text = str(op.schedule_space())
+    assert "S0: [0, t, 0, i]" in text and "S1: [0, t, 1, i]" in text
+
+
+def test_jacobi_1d_fused_skewed_tiled():
+    op = polyc.scop(JACOBI_1D)
+    s = op.schedule_space()
+    fused = s.shift("S1", "i", 1).fuse(2, "S0", "S1")
+    with pytest.raises(ScheduleError) as info:
+        fused.tile("S0", ("t", "i"), (4, 16))  # rectangular tiles of an unskewed stencil
+    msg = str(info.value)
+    assert "dependence S1 -> S0 of A" in msg and "legal after skew('S0', 't', 'i', 2)" in msg
+    tiled = fused.skew("S0", "t", "i", 2).tile("S0", ("t", "i"), (4, 16))
+    for T, N in ((5, 37), (1, 3), (9, 70)):
+        run_jacobi_1d(op.with_schedule(tiled), T, N)
+    with pytest.raises(ScheduleError, match="parallel\\('S0', 't'\\) is illegal"):
+        tiled.parallel("S0", "t")
+
+
+def test_jacobi_2d_time_tiled_with_parallel_wavefront_free_inner_loops():
+    op = polyc.scop(JACOBI_2D)
+    rng = np.random.default_rng(2)
+    N, T = 23, 4
+    A, B = rng.standard_normal((N, N)), rng.standard_normal((N, N))
+    want = ref_jacobi_2d(T, A, B)
+    s = op.schedule_space().parallel("S0", "i").parallel("S1", "i").vectorize("S0", "j")
+    got = op.with_schedule(s)(T=T, N=N, A=A.copy(), B=B.copy())
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+    got = op(T=T, N=N, A=A.copy(), B=B.copy())  # polyc's own schedule
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+def test_seidel_2d_needs_skewing():
+    op = polyc.scop(SEIDEL_2D)
+    s = op.schedule_space()
+    with pytest.raises(ScheduleError, match="parallel\\('S0', 'j'\\) is illegal"):
+        s.parallel("S0", "j")
+    with pytest.raises(ScheduleError, match="interchange\\('S0', 't', 'i'\\) is illegal"):
+        s.interchange("S0", "t", "i")
+    wave = s.skew("S0", "t", "i", 1).skew("S0", "t", "j", 1).skew("S0", "i", "j", 1) \
+        .tile("S0", ("t", "i", "j"), (2, 4, 8))
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((13, 13))
+    want = ref_seidel_2d(3, A)
+    got = op.with_schedule(wave)(T=3, N=13, A=A.copy())
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    np.testing.assert_allclose(op(T=3, N=13, A=A.copy()), want, rtol=1e-12)
+
+
+def test_gemm_with_scalars_and_compound_assignments():
+    op = polyc.scop(GEMM, function="gemm")
+    rng = np.random.default_rng(4)
+    C = rng.standard_normal((17, 23))
+    A, B = rng.standard_normal((17, 9)), rng.standard_normal((9, 23))
+    want = 0.5 * C + 1.5 * (A @ B)
+    got = op(17, 23, 9, 1.5, 0.5, C, A, B)
+    assert got is C
+    np.testing.assert_allclose(C, want, rtol=1e-12)
+    s = op.schedule_space().tile("S1", ("k", "j"), (4, 8)).parallel("S0", "i")
+    C2 = rng.standard_normal((17, 23))
+    want2 = 0.5 * C2 + 1.5 * (A @ B)
+    op.with_schedule(s)(17, 23, 9, 1.5, 0.5, C2, A, B)
+    np.testing.assert_allclose(C2, want2, rtol=1e-12)
+
+
+def test_if_else_and_math_calls():
+    op = polyc.scop(TRIANGLE)
+    rng = np.random.default_rng(5)
+    L = rng.standard_normal((9, 9)).astype(np.float32)
+    x = rng.standard_normal(9).astype(np.float32)
+    want = L.copy()
+    for i in range(9):
+        for j in range(9):
+            want[i, j] = L[i, j] * 2 + x[j] if j <= i and i + j != 3 else np.sqrt(abs(x[i]))
+    np.testing.assert_allclose(op(N=9, L=L, x=x), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("body, words, line", [
+    ("A[i * i] = 1.0f;", "an index of A must be affine", 5),
+    ("A[i] = g(A[i]);", "unknown function 'g'", 5),
+    ("while (1) A[i] = 0.0f;", "While is not supported", 5),
+    ("A[i] = A[i] + Q;", "unknown name 'Q'", 5),
+    ("A[i] = (i + 1) / 2;", "integer division", 5),
+])
+def test_unsupported_c_is_refused_with_line_and_column(body, words, line):
+    src = ("void f(int N, float A[N])\n{\n#pragma scop\n  for (int i = 0; i < N; i++)\n"
+           f"    {body}\n#pragma endscop\n}}\n")
+    with pytest.raises((UnsupportedError, SemanticError)) as info:
+        polyc.scop(src)
+    err = info.value
+    assert words in str(err) and err.line == line and err.col is not None
+    assert "^" in str(err)  # the source line with a caret
+
+
+def test_bad_signatures_and_loops():
+    with pytest.raises(UnsupportedError, match="pointer"):
+        polyc.scop("void f(int N, float *A) { A[0] = 1.0f; }")
+    with pytest.raises(UnsupportedError, match="step by \\+1"):
+        polyc.scop("void f(int N, float A[N]) { for (int i = 0; i < N; i += 2) A[i] = 0.0f; }")
+    with pytest.raises(SemanticError, match="no function 'g'"):
+        polyc.scop("void f(int N, float A[N]) { A[0] = 1.0f; }", function="g")
+    with pytest.raises(ParseError, match="C syntax error"):
+        polyc.scop("void f(int N, float A[N]) { A[0] = ; }")
+    with pytest.raises(polyc.CallError, match="must be a float32\\[5\\]"):
+        polyc.scop("void f(int N, float A[N]) { for (int i = 0; i < N; i++) A[i] = 1.0f; }")(
+            N=5, A=np.zeros(4, np.float32))
