@@ -62,8 +62,10 @@ class Scop:
     params: tuple[Param, ...]
     #: arrays the region writes (updated in place), in parameter order
     written: tuple[str, ...]
-    #: the region's first and last source lines
+    #: the region's lines: its ``#pragma scop`` and ``#pragma endscop`` lines (0, 0
+    #: when the whole body is the region), and the line of the function's definition
     lines: tuple[int, int]
+    function_line: int = 0
 
 
 def _blank(source: str) -> str:
@@ -97,8 +99,13 @@ def from_scop(source: str, function: str | None = None) -> Scop:
             raise SemanticError(f"no function {function!r} in the C source (functions: "
                                 f"{', '.join(names) or 'none'})")
     elif len(funcs) != 1:
-        raise SemanticError(f"the C source has {len(funcs)} functions: name one with "
-                            "function=...")
+        marked = [f for f in funcs if any(isinstance(x, c_ast.Pragma) and x.string.strip()
+                                          == "scop" for x in (f.body.block_items or []))]
+        if len(marked) != 1:
+            raise SemanticError(f"the C source has {len(funcs)} functions, {len(marked)} with "
+                                "a '#pragma scop' region: name one with function=... "
+                                "(--name on the command line)")
+        funcs = marked
     try:
         return _Lower(funcs[0], source).scop()
     except (UnsupportedError, SemanticError) as err:
@@ -158,7 +165,8 @@ class _Lower:
         kernel = Kernel(_c_name(decl.name), self.sizes, tuple(arrays), tuple(self.statements),
                         tuple(inputs), tuple(outputs),
                         default_context(self.sizes, tuple(arrays)), (), tuple(self.order))
-        return Scop(kernel, tuple(self.params), tuple(outputs), lines)
+        start = decl.coord.line if decl.coord else 0
+        return Scop(kernel, tuple(self.params), tuple(outputs), lines, start)
 
     def _param(self, p) -> None:  # noqa: ANN001
         from pycparser import c_ast
@@ -209,9 +217,10 @@ class _Lower:
             if outside:
                 raise self._refuse(outside[0], "code outside the scop region is not "
                                                "compiled; move it inside or remove it")
-        first = region[0].coord.line if region and region[0].coord else 0
-        last = region[-1].coord.line if region and region[-1].coord else 0
-        return region, (first, last)
+        if not marks:
+            return region, (0, 0)
+        first, last = body[starts[0]].coord, body[ends[0]].coord
+        return region, (first.line if first else 0, last.line if last else 0)
 
     # -- statements ------------------------------------------------------------------
 

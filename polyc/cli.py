@@ -13,8 +13,12 @@
     polyc compile examples/matmul.tc --target cuda --emit cuda  # print the .cu
     polyc compile examples/matmul.tc --target cuda --emit report --sizes M=1024,N=1024,K=1024
 
+    polyc compile stencil.c --emit c      # the C file, its #pragma scop region optimised
+    polyc compile stencil.c -o build/     # + build/<function>.so/.h and stencil.polyc.c
+
 The language comes from the extension: ``.tc`` is the TC language, ``.onnx`` an ONNX
-model; any other extension is refused unless ``--lang tc|onnx`` says which it is. A file
+model, ``.c`` C with a ``#pragma scop`` region (``--name`` picks the function); any
+other extension is refused unless ``--lang tc|onnx|c`` says which it is. A file
 that is not what its extension (or ``--lang``) says is refused with a message saying so.
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import os
 import shutil
 import sys
+from dataclasses import replace
 
 from .errors import ParseError, PolycError, ToolchainError
 from .options import FUSION_MODES, Options
@@ -31,7 +36,7 @@ EMITS = ("lib", "c", "header", "schedule", "ir", "deps", "cuda", "report")
 #: what only the CUDA target emits
 CUDA_EMITS = ("cuda", "report")
 #: the language of each accepted file extension
-LANGUAGES = {".tc": "tc", ".onnx": "onnx"}
+LANGUAGES = {".tc": "tc", ".onnx": "onnx", ".c": "c"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,8 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--lang", choices=sorted(set(LANGUAGES.values())),
                    help="the language of FILE (default: from its extension)")
     c.add_argument("-o", "--output", default="build", help="output directory (default: build/)")
-    c.add_argument("--name", help="the def to compile when the file has several; for a model, "
-                   "the C prefix and file name (default: the file's stem)")
+    c.add_argument("--name", help="the def to compile when the file has several (a .c file: "
+                   "the function); for a model, the C prefix and file name (default: the "
+                   "file's stem)")
     c.add_argument("--shape", action="append", default=[], metavar="INPUT=D0,D1,...",
                    help="(.onnx) the static shape of an input with symbolic dimensions; "
                    "may be repeated")
@@ -132,11 +138,11 @@ def _language(args: argparse.Namespace) -> str:
     if ext.lower() in LANGUAGES:
         return LANGUAGES[ext.lower()]
     shown = f"the extension {ext!r}" if ext else "a file name without an extension"
-    accepted = " and ".join(f"{e} ({'TC language' if lang == 'tc' else 'ONNX model'})"
-                            for e, lang in LANGUAGES.items())
+    what = {"tc": "TC language", "onnx": "ONNX model", "c": "C with #pragma scop"}
+    accepted = ", ".join(f"{e} ({what[lang]})" for e, lang in LANGUAGES.items())
     raise SystemExit(f"polyc: error: {args.file}: cannot tell the language from {shown}: "
-                     f"polyc reads {accepted} files; rename the file or pass --lang tc or "
-                     f"--lang onnx")
+                     f"polyc reads {accepted} files; rename the file or pass --lang tc, "
+                     f"--lang onnx or --lang c")
 
 
 def _looks_binary(data: bytes) -> bool:
@@ -292,8 +298,14 @@ def _compile(args: argparse.Namespace) -> int:
         raise SystemExit("polyc: error: --shape is for .onnx models (a .tc file takes --sizes)")
     source = _read_tc(args.file)
     options = _options(args, bool(args.sizes))
+    scop = None
     try:
-        kernel = from_tc(source, args.name)
+        if _language(args) == "c":  # a function's #pragma scop region (--name: which)
+            from .frontend.scop import from_scop
+            scop = from_scop(source, args.name)
+            kernel = scop.kernel
+        else:
+            kernel = from_tc(source, args.name)
     except CompileError as e:
         raise e.attach_source(source)
     sizes = _sizes(args.sizes)
@@ -306,8 +318,16 @@ def _compile(args: argparse.Namespace) -> int:
     if sizes:
         kernel = kernel.specialize(sizes)
     emit = args.emit
+    if scop is not None:  # the generated function must not take the C function's name
+        kernel = replace(kernel, name=f"polyc_{kernel.name}")
     compiled = pipeline.compile_kernel(kernel, options, build=emit == "lib", progress=True)
-    if emit in ("c", "cuda"):
+    rewritten = None
+    if scop is not None and options.target == "c":
+        from .codegen.scop_rewrite import rewrite
+        rewritten = rewrite(source, scop, compiled.c_source, compiled.source.function_name)
+    if emit == "c" and rewritten is not None:
+        print(rewritten)
+    elif emit in ("c", "cuda"):
         print(compiled.c_source)
     elif emit == "report":
         print(compiled.gpu_report)
@@ -328,7 +348,14 @@ def _compile(args: argparse.Namespace) -> int:
             f.write(compiled.header)
         with open(base + ext, "w") as f:
             f.write(compiled.c_source)
-        print(f"wrote {base}.so {base}.h {base}{ext}")
+        written = f"{base}.so {base}.h {base}{ext}"
+        if rewritten is not None:  # the input file with its region replaced
+            stem = os.path.splitext(os.path.basename(args.file))[0]
+            path = os.path.join(args.output, f"{stem}.polyc.c")
+            with open(path, "w") as f:
+                f.write(rewritten + "\n")
+            written += f" {path}"
+        print(f"wrote {written}")
     return 0
 
 
