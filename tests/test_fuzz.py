@@ -28,6 +28,8 @@ REGRESSIONS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "fuzz", "
                                             "*.py")))
 #: the CI slice: seeds and count (about a minute on two cores)
 SLICE_SEED, SLICE_N = 20240, 300
+#: the CUDA target's slice, run by the CPU emulation (about half a minute)
+CUDA_SLICE_SEED, CUDA_SLICE_N = 30240, 60
 
 
 def interpret(src, *inputs, name=None):
@@ -148,10 +150,14 @@ def cache_dir(tmp_path_factory):
         os.environ["POLYC_CACHE_DIR"] = old
 
 
-def test_fuzz_slice(cache_dir):
-    """A fixed slice of the campaign; failures are reported with their source."""
+@pytest.mark.parametrize("target, first, count", [("c", SLICE_SEED, SLICE_N),
+                                                  ("cuda", CUDA_SLICE_SEED, CUDA_SLICE_N)])
+def test_fuzz_slice(cache_dir, monkeypatch, target, first, count):
+    """A fixed slice of the campaign (the CUDA target's through the CPU emulation);
+    failures are reported with their source."""
+    monkeypatch.setenv("POLYC_FUZZ_TARGET", target)
     failures = []
-    for seed in range(SLICE_SEED, SLICE_SEED + SLICE_N):
+    for seed in range(first, first + count):
         c = G.case(seed)
         out = S.execute(c)
         if out.failed:
