@@ -12,6 +12,7 @@
     outputs = m.run(None, {"input": x})
 """
 from .api import Operator, define, einsum, scop
+from .compare import compare
 from .codegen.cuda_runtime import to_device
 from .codegen.device_array import DeviceArray
 from .errors import (
@@ -31,7 +32,7 @@ from .model import CompiledModel, build_model, compile_onnx
 from .options import Options
 from .schedule.space import ScheduleSpace, ScheduleTrace, load_schedule
 
-__all__ = ["CallError", "CompileError", "CompiledModel", "DeviceArray", "ScheduleSpace",
+__all__ = ["compare", "CallError", "CompileError", "CompiledModel", "DeviceArray", "ScheduleSpace",
            "ScheduleTrace", "load_schedule", "InternalError", "Operator", "Options",
            "ParseError", "PolycError", "RangeInferenceError", "RunError", "ScheduleError", "SemanticError",
            "ToolchainError", "UnsupportedError", "build_model", "compile_onnx", "define",

@@ -175,3 +175,30 @@ def test_tree_has_marks_and_sequences(mm):
     A, B = mm_inputs()
     compiled(A, B)
     assert "#pragma omp parallel for" in compiled.c_source
+
+
+def test_compare_times_and_checks_variants(mm):
+    s = mm.schedule_space()
+    table = polyc.compare(mm, {"default": None, "source": s,
+                               "tiled": s.tile("S1", ("m", "n"), (16, 32))},
+                          sizes={"M": 37, "N": 45, "K": 29}, repeat=3)
+    assert [r.name for r in table.rows] == ["default", "source", "tiled"]
+    assert table.flops == 2 * 37 * 45 * 29  # one multiply and one add per instance of S1
+    assert all(r.correct and r.seconds > 0 and r.gflops > 0 for r in table.rows)
+    assert table.rows[0].speedup == 1.0
+    text = str(table)
+    assert "GFLOP/s" in text and text.count(" ok") == 3
+    with pytest.raises(polyc.CallError, match="give the sizes"):
+        polyc.compare(mm, {"default": None}, sizes={"M": 3})
+
+
+def test_compare_c_input_restores_in_place_arrays():
+    from test_scop import JACOBI_1D
+    op = polyc.scop(JACOBI_1D)
+    s = op.schedule_space()
+    tiled = s.shift("S1", "i", 1).fuse(2, "S0", "S1").skew("S0", "t", "i", 2) \
+        .tile("S0", ("t", "i"), (4, 32))
+    table = polyc.compare(op, {"source": s, "tiled": tiled}, sizes={"T": 6, "N": 101},
+                          repeat=3)
+    assert all(r.correct for r in table.rows), str(table)
+    assert table.flops == 2 * 6 * 99 * 3  # two statements, 99 points, 3 operations each
