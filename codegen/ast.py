@@ -37,6 +37,13 @@ from polyc.ir import Kernel
 
 #: mark ids that carry a decision of the scheduler into the AST
 LOOP_MARKS = ("parallel", "simd")
+#: the prefix of an unroll mark, ``unroll:4`` (unroll by 4: a loop pragma)
+UNROLL = "unroll:"
+
+
+def is_loop_mark(name: str) -> bool:
+    """``parallel``, ``simd`` or ``unroll:<factor>``."""
+    return name in LOOP_MARKS or (name.startswith(UNROLL) and name[len(UNROLL):].isdigit())
 _ITERATOR = re.compile(r"polyc_c([0-9]+)")
 
 
@@ -141,7 +148,7 @@ def annotate_marks(schedule: isl.Schedule) -> tuple[isl.Schedule, int]:
         depth[0] = max(depth[0], here)
         if kind == isl.schedule_node_type.mark:
             name = node.mark_get_id().get_name()
-            if name in LOOP_MARKS:
+            if is_loop_mark(name):
                 band_depth = node.child(0).get_schedule_depth()
                 node = node.delete().insert_mark(isl.Id(f"{name}@{band_depth}"))
         return node
@@ -152,7 +159,7 @@ def annotate_marks(schedule: isl.Schedule) -> tuple[isl.Schedule, int]:
 def parse_mark(name: str) -> tuple[str, int] | None:
     """``("parallel", 1)`` for the mark ``"parallel@1"``; None for other marks."""
     kind, _, depth = name.partition("@")
-    if kind in LOOP_MARKS and depth.isdigit():
+    if is_loop_mark(kind) and depth.isdigit():
         return kind, int(depth)
     return None
 

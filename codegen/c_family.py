@@ -48,6 +48,7 @@ from polyc.ir import Kernel, Statement
 from polyc.options import Options
 
 from .ast import (
+    UNROLL,
     Promotion,
     build_ast,
     loop_depth,
@@ -102,6 +103,9 @@ class CDialect:
     wide_vector_attribute = '__attribute__((target("prefer-vector-width=512")))'
     #: qualifiers of a register tile's local accumulator array
     accumulator_attribute = "__attribute__((aligned(64)))"
+
+    #: the pragma that unrolls the next loop by a factor (``{}``); "" for none
+    unroll_pragma = "GCC unroll {}"
 
     def loop_pragmas(self, parallel: bool, simd: bool, options: Options) -> list[str]:
         """The pragmas to put before a loop the schedule marked parallel and/or simd."""
@@ -301,6 +305,9 @@ class _Walker:
         parallel = "parallel" in kinds and not in_parallel
         pragmas = self.dialect.loop_pragmas(parallel, "simd" in kinds, self.options)
         parallel = parallel and any("parallel" in p for p in pragmas)
+        unroll = [k[len(UNROLL):] for k in kinds if k.startswith(UNROLL)]
+        if unroll and self.dialect.unroll_pragma:  # last: it must precede the loop itself
+            pragmas.append(self.dialect.unroll_pragma.format(unroll[0]))
         body = self.node(n.for_get_body(), (), in_parallel or parallel)
         loop = cgen.For(f"{self.dialect.index_type} {var} = {self._isl(n.for_get_init()).text}",
                         self._isl(n.for_get_cond()).text,

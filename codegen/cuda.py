@@ -83,6 +83,7 @@ class CudaDialect(CDialect):
     restrict = "__restrict__"
     wide_vector_attribute = ""
     accumulator_attribute = ""
+    unroll_pragma = "unroll {}"
 
 
 @dataclass(frozen=True)

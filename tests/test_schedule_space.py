@@ -66,6 +66,9 @@ def test_default_is_source_order_and_readable(mm):
     [("fuse", 2, "S0", "S1"), ("tile", "S1", ("m", "n"), (16, 16)), ("parallel", "S1", "m_tile")],
     [("fuse", 1, "S0", "S1"), ("distribute", "S0")],
     [("parallel", "S1", "m"), ("parallel", "S0", "n")],
+    [("unroll", "S1", "k", 4)],
+    [("interchange", "S1", "n", "k"), ("unroll_and_jam", "S1", "m", 4),
+     ("vectorize", "S1", "n"), ("unroll", "S1", "k", 2)],
 ])
 def test_legal_primitives_match_numpy(mm, steps):
     s = mm.schedule_space()
@@ -202,3 +205,17 @@ def test_compare_c_input_restores_in_place_arrays():
                           repeat=3)
     assert all(r.correct for r in table.rows), str(table)
     assert table.flops == 2 * 6 * 99 * 3  # two statements, 99 points, 3 operations each
+
+
+def test_unroll_pragmas_reach_the_c(mm):
+    s = mm.schedule_space().interchange("S1", "n", "k").unroll_and_jam("S1", "m", 4) \
+        .vectorize("S1", "n")
+    assert "for m:  # unroll:4" in str(s)
+    compiled = mm.with_schedule(s)
+    assert_matmul(mm, s)
+    src = compiled.c_source
+    assert "#pragma GCC unroll 4" in src and "#pragma omp simd" in src
+    with pytest.raises(ScheduleError, match="from 2 to 64"):
+        s.unroll("S1", "k", 1)
+    with pytest.raises(ScheduleError, match="outside its innermost loop"):
+        mm.schedule_space().unroll_and_jam("S1", "k", 2)

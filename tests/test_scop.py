@@ -183,6 +183,8 @@ def test_seidel_2d_needs_skewing():
         s.parallel("S0", "j")
     with pytest.raises(ScheduleError, match="interchange\\('S0', 't', 'i'\\) is illegal"):
         s.interchange("S0", "t", "i")
+    with pytest.raises(ScheduleError, match="unroll_and_jam\\('S0', 'i', 2\\) is illegal"):
+        s.unroll_and_jam("S0", "i", 2)  # i inside j: breaks the (i - 1, j + 1) dependence
     wave = s.skew("S0", "t", "i", 1).skew("S0", "t", "j", 1).skew("S0", "i", "j", 1) \
         .tile("S0", ("t", "i", "j"), (2, 4, 8))
     rng = np.random.default_rng(3)

@@ -244,7 +244,7 @@ class ScheduleSpace:
         marks = sorted({m for s in stmts for (st, loop, m) in self.marks
                         if st == s and loop == rows[s].name})
         for m in marks:
-            node = node.insert_mark(isl.Id(MARKS[m])).child(0)
+            node = node.insert_mark(isl.Id(MARKS.get(m, m))).child(0)
         child = self._build(node.child(0), stmts, d + 1, maps)
         node = child.parent()
         for _ in marks:
@@ -271,6 +271,8 @@ class ScheduleSpace:
         if violation is not None:
             raise ScheduleError(violation)
         for stmt, loop, mark in sorted(self.marks):
+            if mark not in MARKS:  # unroll: any loop may be unrolled
+                continue
             why = self._carried(smap, stmt, loop)
             if why is not None:
                 raise ScheduleError(f"{mark}({stmt}, {loop!r}) is illegal: the loop carries "
@@ -556,14 +558,44 @@ class ScheduleSpace:
 
     def vectorize(self, stmt: str, loop: str) -> ScheduleSpace:
         """Mark ``loop`` (innermost) ``omp simd``; refused if it carries a dependence."""
-        if self.loops(stmt)[-1:] != (loop,):
+        loops = self.loops(stmt)
+        unrolled = {lp for (st, lp, m) in self.marks if st == stmt and m.startswith("unroll:")}
+        inside = loops[loops.index(loop) + 1:] if loop in loops else ()
+        if loop in loops and any(lp not in unrolled for lp in inside):
             raise ScheduleError(f"vectorize({stmt!r}, {loop!r}): only the innermost loop of "
-                                f"{stmt} ({self.loops(stmt)[-1]!r}) can be vectorized; "
-                                "reorder first")
+                                f"{stmt} ({loops[-1]!r}; loops inside it must be unrolled) "
+                                "can be vectorized; reorder first")
         return self._mark(stmt, loop, "vectorize")
 
-    def _mark(self, stmt: str, loop: str, mark: str) -> ScheduleSpace:
-        step = Step(mark, (stmt, loop))
+    def unroll(self, stmt: str, loop: str, factor: int) -> ScheduleSpace:
+        """Unroll ``loop`` by ``factor`` (a pragma the C compiler honours; the order of
+        the instances does not change, so it is always legal)."""
+        if not isinstance(factor, int) or not 2 <= factor <= 64:
+            raise ScheduleError(f"unroll({stmt!r}, {loop!r}, {factor!r}): the factor must be "
+                                "an integer from 2 to 64")
+        return self._mark(stmt, loop, f"unroll:{factor}", Step("unroll", (stmt, loop, factor)))
+
+    def unroll_and_jam(self, stmt: str, loop: str, factor: int) -> ScheduleSpace:
+        """Split ``loop`` by ``factor`` and move its inner part innermost, unrolled: the
+        iterations of ``loop`` are jammed into the innermost loop's body (register
+        reuse across them). Checked like any reorder."""
+        step = Step("unroll_and_jam", (stmt, loop, factor))
+        loops = self.loops(stmt)
+        if loop not in loops or loops[-1] == loop:
+            raise ScheduleError(f"{step}: {loop!r} must be a loop of {stmt} outside its "
+                                f"innermost loop (its loops: {', '.join(loops)})")
+        s = replace(self, hints=False).split(stmt, loop, factor)
+        inner = [lp for lp in s.loops(stmt) if lp not in (f"{loop}_tile",)]
+        rest = inner[inner.index(loop) + 1:]
+        try:
+            s = s.reorder(stmt, *rest, loop).unroll(stmt, loop, factor)
+        except ScheduleError as err:
+            raise ScheduleError(f"{step} is illegal: {err}") from None
+        return replace(s, steps=self.steps + (step,), hints=self.hints)
+
+    def _mark(self, stmt: str, loop: str, mark: str, step: Step | None = None
+              ) -> ScheduleSpace:
+        step = step or Step(mark, (stmt, loop))
         d = self._position(stmt, loop)
         group = self._sharing(stmt, d)
         names = {s: self._row(s)[d].name for s in group}
@@ -619,7 +651,7 @@ class ScheduleSpace:
 
 #: the primitives a trace may name
 PRIMITIVES = ("tile", "split", "reorder", "interchange", "skew", "shift", "reverse", "fuse",
-              "distribute", "parallel", "vectorize")
+              "distribute", "parallel", "vectorize", "unroll", "unroll_and_jam")
 
 
 def _fresh(name: str, taken: set[str]) -> str:
