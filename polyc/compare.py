@@ -4,8 +4,9 @@
     print(table)          # time (median), GFLOP/s, speed-up over the first, correctness
 
 Every variant (``None``: polyc's own schedule; a :class:`ScheduleSpace` or a saved
-:class:`ScheduleTrace`) is compiled first, then run on the same random inputs: its
-outputs are compared with the first variant's (``allclose``), and the variants are
+:class:`ScheduleTrace`; :class:`Options` or a dict of option changes such as
+``{"scheduler": "pluto", "tile": False}``) is compiled first, then run on the same
+random inputs: its outputs are compared with the first variant's (``allclose``), and the variants are
 timed in interleaved rounds (``repeat`` of them; the median is reported), arrays a C
 region updates in place restored before each run, outside the timed call. Flops are
 counted exactly with isl (instances of each statement times its arithmetic operations).
@@ -100,7 +101,7 @@ def compare(op: Any, variants: Mapping[str, Any], sizes: Mapping[str, int] | Non
     if missing:
         raise CallError(f"compare: give the sizes {missing} of {kernel.name}")
     data = _inputs(op, sizes, dict(inputs or {}), np.random.default_rng(seed))
-    compiled = {name: (op if v is None else op.with_schedule(v)) for name, v in variants.items()}
+    compiled = {name: _variant(op, v) for name, v in variants.items()}
     runners = {name: _runner(c, sizes, data) for name, c in compiled.items()}
     results = {}
     for name, (prepare, run) in runners.items():
@@ -129,6 +130,19 @@ def compare(op: Any, variants: Mapping[str, Any], sizes: Mapping[str, int] | Non
                      math.inf, base / medians[name] if medians[name] else math.inf,
                      *checks[name]) for name in runners)
     return Comparison(kernel.name, tuple(sorted(sizes.items())), flops, rows)
+
+
+def _variant(op: Any, v: Any) -> Any:
+    """The operator of one variant: ``None`` (``op`` itself), a schedule (space or
+    trace), :class:`Options`, or a dict of option changes (``{"scheduler": "pluto"}``)."""
+    from .options import Options
+    if v is None:
+        return op
+    if isinstance(v, dict):
+        return op._with_options(op.options.replace(**v))
+    if isinstance(v, Options):
+        return op._with_options(v)
+    return op.with_schedule(v)
 
 
 def _inputs(op: Any, sizes: dict[str, int], given: dict[str, Any],

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 FUSION_MODES = ("min", "smart", "max")
 TARGETS = ("c", "cuda")
+SCHEDULERS = ("isl", "pluto")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class Options:
         for the default points per thread (x, y), a tuple for others, ``False`` for none.
         With ``gpu_tile`` given, the tile decides the points per thread.
     :nvcc_flags: extra flags for nvcc (``("-Werror", "all-warnings")`` in the tests).
+    :scheduler: ``"isl"`` (isl's scheduler) or ``"pluto"`` (polyc's Pluto-style one,
+        :mod:`polyc.schedule.pluto`: bounded dependence distances, permutable bands,
+        its own fusion heuristics); the band optimisations after it are the same.
     """
 
     fusion: str = "smart"
@@ -91,6 +95,7 @@ class Options:
     nvcc_flags: tuple[str, ...] = ()
     gpu_shared: bool = True
     gpu_register_tile: bool | tuple[int, ...] = True
+    scheduler: str = "isl"
 
     def __post_init__(self) -> None:
         from .errors import CompileError
@@ -106,6 +111,9 @@ class Options:
                 len(self.register_tile) != 2 or any(int(t) < 1 for t in self.register_tile)):
             raise CompileError(f"register_tile must be (rows, columns) of positive sizes, "
                                f"got {self.register_tile}")
+        if self.scheduler not in SCHEDULERS:
+            raise CompileError(f"unknown scheduler {self.scheduler!r}; expected one of "
+                               f"{SCHEDULERS}")
         if self.target not in TARGETS:
             raise CompileError(f"unknown target {self.target!r}; expected one of {TARGETS}")
         if self.emulate and self.target != "cuda":

@@ -37,14 +37,13 @@ import os
 import select
 import signal
 import time
+import warnings
 from collections.abc import Callable, Iterator
 
 import islpy as isl
 
 from ..deps import Dependences
-import warnings
-
-from ..errors import PolycWarning, SemanticError
+from ..errors import PolycWarning, ScheduleError, SemanticError
 from ..ir import Kernel, Statement
 from ..options import Options
 
@@ -205,6 +204,13 @@ def compute_schedule(kernel: Kernel, deps: Dependences, options: Options) -> isl
     if not kernel.statements:  # the TC parser refuses such a def; a hand-made IR may not
         raise SemanticError(f"kernel {kernel.name!r} has no statements: there is nothing "
                             "to schedule")
+    if options.scheduler == "pluto":
+        from .pluto import pluto_schedule
+        try:
+            return pluto_schedule(kernel, deps, options.fusion)
+        except ScheduleError as err:
+            warnings.warn(PolycWarning(f"{kernel.name}: {err}; using isl's scheduler"),
+                          stacklevel=3)
     groups = fusion_groups(kernel, options.fusion)
     parts = [_schedule_group(kernel, deps, g, options.fusion == "max") for g in groups]
     if len(parts) == 1:

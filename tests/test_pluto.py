@@ -1,0 +1,117 @@
+"""The Pluto-style scheduler (issue 11, part 2): ``Options(scheduler="pluto")``.
+
+Its schedules are the ones Pluto's papers show (jacobi-1d skewed by 2t, seidel-2d's
+(t, t+i, 2t+i+j)), its bands are permutable with the right coincident members, and every
+operator of the end-to-end matrix and every C stencil gives numpy's result through it
+with each fusion mode.
+"""
+from __future__ import annotations
+
+import warnings
+
+import islpy as isl
+import numpy as np
+import pytest
+from conftest import random_inputs
+from test_e2e_numpy import CASES
+from test_scop import (
+    GEMM,
+    JACOBI_1D,
+    JACOBI_2D,
+    SEIDEL_2D,
+    ref_jacobi_1d,
+    ref_jacobi_2d,
+    ref_seidel_2d,
+)
+
+import polyc
+from polyc.deps import compute_dependences
+from polyc.errors import PolycWarning
+from polyc.schedule import pluto
+from polyc.schedule.pluto import pluto_schedule
+
+
+def schedule_of(op, fusion="max"):
+    return pluto_schedule(op.kernel, compute_dependences(op.kernel), fusion)
+
+
+def test_stencil_schedules_are_plutos():
+    jac = schedule_of(polyc.scop(JACOBI_1D)).get_map()
+    want = isl.UnionMap("[T, N] -> { S0[t, i] -> [t, 2t + i, 0]; S1[t, i] -> [t, 1 + 2t + i, 1] }")
+    assert jac.is_equal(want.intersect_domain(jac.domain()))
+    sei = schedule_of(polyc.scop(SEIDEL_2D)).get_map()
+    want = isl.UnionMap("[T, N] -> { S0[t, i, j] -> [t, t + i, 2t + i + j] }")
+    assert sei.is_equal(want.intersect_domain(sei.domain()))
+
+
+def test_bands_are_permutable_with_coincident_flags():
+    mm = polyc.define(CASES["matmul"][0])
+    band = schedule_of(mm).get_root().child(0)
+    assert band.get_type() == isl.schedule_node_type.band and band.band_get_permutable()
+    flags = [bool(band.band_member_get_coincident(i)) for i in range(band.band_n_member())]
+    assert flags == [True, True, False]  # m, n parallel; k carries the reduction
+    sei = schedule_of(polyc.scop(SEIDEL_2D)).get_root().child(0)
+    assert sei.band_get_permutable() and sei.band_n_member() == 3
+    assert not any(sei.band_member_get_coincident(i) for i in range(3))
+
+
+@pytest.mark.parametrize("fusion", ["min", "smart", "max"])
+@pytest.mark.parametrize("case", ["matmul", "batched_matmul", "conv2d_stride2_where",
+                                  "softmax", "layernorm", "mlp_relu", "maxpool", "transpose"])
+def test_operators_match_numpy(case, fusion):
+    src, shape_sets, ref = CASES[case]
+    op = polyc.define(src, scheduler="pluto", fusion=fusion)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PolycWarning)  # no fallback to isl's scheduler
+        for seed, shapes in enumerate(shape_sets):
+            inputs = random_inputs([(s, "float32") for s in shapes], seed)
+            got, want = op(*inputs), ref(*inputs)
+            got = got if isinstance(got, tuple) else (got,)
+            want = want if isinstance(want, tuple) else (want,)
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_c_stencils_match_their_reference(threads):
+    rng = np.random.default_rng(0)
+    op = polyc.scop(JACOBI_1D, scheduler="pluto", threads=threads)
+    A, B = rng.standard_normal(101).astype(np.float32), rng.standard_normal(101).astype(np.float32)
+    want = ref_jacobi_1d(7, A, B)
+    for g, w in zip(op(T=7, N=101, A=A.copy(), B=B.copy()), want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    op = polyc.scop(JACOBI_2D, scheduler="pluto", threads=threads)
+    A, B = rng.standard_normal((37, 37)), rng.standard_normal((37, 37))
+    want = ref_jacobi_2d(5, A, B)
+    for g, w in zip(op(T=5, N=37, A=A.copy(), B=B.copy()), want):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+    op = polyc.scop(SEIDEL_2D, scheduler="pluto", threads=threads)
+    A = rng.standard_normal((29, 29))
+    np.testing.assert_allclose(op(T=4, N=29, A=A.copy()), ref_seidel_2d(4, A), rtol=1e-12)
+    op = polyc.scop(GEMM, scheduler="pluto", threads=threads)
+    C, A, B = (rng.standard_normal((17, 23)), rng.standard_normal((17, 9)),
+               rng.standard_normal((9, 23)))
+    want = 0.5 * C + 1.5 * (A @ B)
+    np.testing.assert_allclose(op(17, 23, 9, 1.5, 0.5, C, A, B), want, rtol=1e-12)
+
+
+def test_compare_schedulers_side_by_side():
+    op = polyc.scop(JACOBI_2D)
+    table = polyc.compare(op, {"isl": None, "pluto": {"scheduler": "pluto"},
+                               "untiled": {"tile": False}}, sizes={"T": 3, "N": 41}, repeat=2)
+    assert [r.name for r in table.rows] == ["isl", "pluto", "untiled"]
+    assert all(r.correct for r in table.rows), str(table)
+
+
+def test_no_solution_falls_back_to_isl_with_a_warning(monkeypatch):
+    monkeypatch.setattr(pluto, "MAX_COEFFICIENT", 0)  # no row can be non-trivial
+    src, shape_sets, ref = CASES["transpose"]
+    op = polyc.define(src, scheduler="pluto")
+    inputs = random_inputs([(s, "float32") for s in shape_sets[0]])
+    with pytest.warns(PolycWarning, match="using isl's scheduler"):
+        np.testing.assert_allclose(op(*inputs), ref(*inputs))
+
+
+def test_scheduler_option_checked():
+    with pytest.raises(polyc.CompileError, match="unknown scheduler"):
+        polyc.Options(scheduler="pocc")
