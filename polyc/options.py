@@ -65,6 +65,8 @@ class Options:
     :scheduler: ``"isl"`` (isl's scheduler) or ``"pluto"`` (polyc's Pluto-style one,
         :mod:`polyc.schedule.pluto`: bounded dependence distances, permutable bands,
         its own fusion heuristics); the band optimisations after it are the same.
+    :diamond: with ``scheduler="pluto"``, diamond tiles for time-iterated stencils
+        (concurrent start of the tiles of a wavefront instead of a pipeline).
     """
 
     fusion: str = "smart"
@@ -96,6 +98,7 @@ class Options:
     gpu_shared: bool = True
     gpu_register_tile: bool | tuple[int, ...] = True
     scheduler: str = "isl"
+    diamond: bool = True
 
     def __post_init__(self) -> None:
         from .errors import CompileError

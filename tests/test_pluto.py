@@ -115,3 +115,36 @@ def test_no_solution_falls_back_to_isl_with_a_warning(monkeypatch):
 def test_scheduler_option_checked():
     with pytest.raises(polyc.CompileError, match="unknown scheduler"):
         polyc.Options(scheduler="pocc")
+
+
+def test_diamond_tiles_for_jacobi():
+    """Bandishti et al.'s diamond tiling: jacobi-1d's (t, 2t+i) becomes (2t+i, 2t-i), so
+    that the time face lies strictly inside the tiles' cone (concurrent start)."""
+    op = polyc.scop(JACOBI_1D)
+    deps = compute_dependences(op.kernel)
+    got = pluto_schedule(op.kernel, deps, "max", diamond=True).get_map()
+    want = isl.UnionMap("[T, N] -> { S0[t, i] -> [2t + i, 2t - i]; "
+                        "S1[t, i] -> [1 + 2t + i, 1 + 2t - i] }")
+    assert got.is_equal(want.intersect_domain(got.domain()))
+    jac2 = polyc.scop(JACOBI_2D)
+    got = pluto_schedule(jac2.kernel, compute_dependences(jac2.kernel), "max", diamond=True)
+    want = isl.UnionMap("[T, N] -> { S0[t, i, j] -> [2t + i, 2t - i, 2t + j]; "
+                        "S1[t, i, j] -> [1 + 2t + i, 1 + 2t - i, 1 + 2t + j] }")
+    assert got.get_map().is_equal(want.intersect_domain(got.get_map().domain()))
+    sei = polyc.scop(SEIDEL_2D)  # no valid mirror of (t + i): stays pipelined
+    got = pluto_schedule(sei.kernel, compute_dependences(sei.kernel), "max", diamond=True)
+    assert got.get_map().is_equal(schedule_of(sei).get_map())
+
+
+@pytest.mark.parametrize("diamond", [True, False])
+def test_wavefront_of_tiles_runs_in_parallel(diamond):
+    """A tiled band without a parallel member (skewed stencils) runs its tiles as a
+    wavefront, the inner tile loop in parallel; results stay exact at 2 threads."""
+    op = polyc.scop(JACOBI_1D, scheduler="pluto", diamond=diamond, threads=2)
+    rng = np.random.default_rng(1)
+    A, B = rng.standard_normal(3001).astype(np.float32), rng.standard_normal(3001).astype(np.float32)
+    want = ref_jacobi_1d(150, A, B)  # more time steps than one time tile holds
+    got = op(T=150, N=3001, A=A.copy(), B=B.copy())
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert "#pragma omp parallel for" in op.c_source

@@ -111,6 +111,12 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                                            reg, machine.threads(options.threads))
             node = tiling.tile_band(node, sizes)
             did_tile = True
+            if (not parallel_done and options.parallel and not any(tiling.coincident_flags(node))
+                    and machine.threads(options.threads) > 1):
+                # no parallel loop (a skewed stencil's time tiles): a wavefront of tiles
+                node = tiling.wavefront(node).insert_mark(isl.Id(PARALLEL)).child(0)
+                marks_above += 2
+                parallel_done = True
             if not parallel_done:
                 node = _parallel_first(node, sizes, extents)
     if not parallel_done and tiling.coincident_flags(node)[0]:

@@ -63,15 +63,19 @@ class _Row:
     values: dict
 
 
-def pluto_schedule(kernel: Kernel, deps: Dependences, fusion: str = "smart") -> isl.Schedule:
-    """The schedule tree (see the module doc); :class:`ScheduleError` when no legal
-    schedule within the coefficient bounds exists (polyc then uses isl's scheduler)."""
-    return _Pluto(kernel, deps, fusion).run()
+def pluto_schedule(kernel: Kernel, deps: Dependences, fusion: str = "smart",
+                   diamond: bool = False) -> isl.Schedule:
+    """The schedule tree (see the module doc); ``diamond``: concurrent start for
+    time-iterated stencils (:meth:`_Pluto._diamond`). :class:`ScheduleError` when no
+    legal schedule within the coefficient bounds exists (polyc then uses isl's)."""
+    return _Pluto(kernel, deps, fusion, diamond).run()
 
 
 class _Pluto:
-    def __init__(self, kernel: Kernel, deps: Dependences, fusion: str):
-        self.kernel, self.fusion = kernel, fusion
+    def __init__(self, kernel: Kernel, deps: Dependences, fusion: str, diamond: bool = False):
+        self.kernel, self.fusion, self.diamond = kernel, fusion, diamond
+        #: bands given diamond tiles
+        self.diamonds = 0
         self.stmts = [s.name for s in kernel.statements]
         self.dims = {s.name: len(s.iterators) for s in kernel.statements}
         self.params = list(kernel.sizes)
@@ -118,6 +122,8 @@ class _Pluto:
                         self.hyper[s].append(c)
                 continue
             if len(self.rows) > band_start:  # end the band: drop what it satisfies
+                if self.diamond:
+                    self._diamond(live, band_start)
                 self.bands.append((band_start, len(self.rows)))
                 live = [e for e in live if not self._satisfied(e, band_start)]
                 band_start = len(self.rows)
@@ -128,6 +134,8 @@ class _Pluto:
             live = [e for e in live if not self._cut_apart(e)]
             band_start = len(self.rows)
         if len(self.rows) > band_start:
+            if self.diamond:
+                self._diamond(live, band_start)
             self.bands.append((band_start, len(self.rows)))
             live = [e for e in live if not self._satisfied(e, band_start)]
         if live:  # instances that every row runs at the same time: order the statements
@@ -145,25 +153,32 @@ class _Pluto:
             names += [f"c_{s}_{j}" for j in reversed(range(self.dims[s]))] + [f"d_{s}"]
         return names
 
-    def _solve(self, live: list[_Edge]) -> dict | None:
+    def _solve(self, live: list[_Edge], fixed: list[str] | None = None) -> dict | None:
+        """The next row (lexmin), or None. ``fixed`` (the diamond search) gives the
+        coefficients as equalities in an extra unknown ``lam``, which may make them
+        negative; no independence constraint is added then."""
         conds: list[str] = []
+        low = -MAX_COEFFICIENT if fixed else 0
         for s in self.stmts:
             cs = [f"c_{s}_{j}" for j in range(self.dims[s])]
-            conds += [f"0 <= {c} <= {MAX_COEFFICIENT}" for c in cs]
+            conds += [f"{low} <= {c} <= {MAX_COEFFICIENT}" for c in cs]
             conds.append(f"0 <= d_{s} <= {MAX_SHIFT}")
-            if len(self.hyper[s]) < self.dims[s]:
+            if len(self.hyper[s]) < self.dims[s] and not fixed:
                 conds += _independence(self.hyper[s], cs)
         conds += [f"u{k} >= 0" for k in range(len(self.params))] + ["w >= 0"]
+        conds += ["1 <= lam <= 8"] + (fixed or [])
         for e in live:
             conds += self._edge_constraints(e)
-        text = f"{{ [{', '.join(self._unknowns())}] : {' and '.join(conds)} }}"
+        names = self._unknowns()
+        names = names[:len(self.params) + 1] + ["lam"] + names[len(self.params) + 1:]
+        text = f"{{ [{', '.join(names)}] : {' and '.join(conds)} }}"
         space = isl.Set(text)
         if space.is_empty():
             return None
         point = space.lexmin().sample_point()
         values = [point.get_coordinate_val(isl.dim_type.set, i).to_python()
                   for i in range(space.dim(isl.dim_type.set))]
-        out, k = {}, len(self.params) + 1
+        out, k = {}, len(self.params) + 2
         for s in self.stmts:
             n = self.dims[s]
             out[s] = (list(reversed(values[k:k + n])), values[k + n])
@@ -186,6 +201,39 @@ class _Pluto:
                 expr = " + ".join(terms + [str(const)]) if terms else str(const)
                 out.append(f"{expr} {'=' if eq else '>='} 0")
         return out
+
+    # -- diamond tiling ---------------------------------------------------------------
+
+    def _diamond(self, live: list[_Edge], start: int) -> None:
+        """Concurrent start (Bandishti et al., SC'12): when the band's first row is the
+        time loop ``f`` (every statement's first iterator) and the next row ``g`` skews
+        space by time, replace them by ``g`` and its mirror ``h = lam * f - g`` (valid
+        for every dependence of the band, ``lam`` as small as possible). ``f`` is then
+        strictly inside the cone of ``g`` and ``h``: the tiles of a wavefront over
+        ``(g, h)`` start together instead of in a pipeline (diamond tiles)."""
+        band = self.rows[start:]
+        if len(band) < 2 or not all(r.loop for r in band[:2]):
+            return
+        if any(not r.loop and len(set(r.values.values())) > 1 for r in self.rows[:start]):
+            return  # statements cut apart: their rows are not one band's
+        f, g = band[0], band[1]
+        for s in self.stmts:
+            c, _ = f.values[s]
+            if self.dims[s] == 0 or c != [1] + [0] * (self.dims[s] - 1):
+                return
+            if not any(g.values[s][0][1:]):
+                return  # g does not involve space
+        fixed = []
+        for s in self.stmts:
+            gc = g.values[s][0]
+            fixed.append(f"c_{s}_0 = lam - {gc[0]}")
+            fixed += [f"c_{s}_{j} = {-gc[j]}" for j in range(1, self.dims[s])]
+        mirror = self._solve(live, fixed)
+        if mirror is None:
+            return
+        self.rows[start] = g
+        self.rows[start + 1] = _Row(True, mirror)
+        self.diamonds += 1
 
     # -- satisfaction and cuts ---------------------------------------------------------
 

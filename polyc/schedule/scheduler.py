@@ -207,7 +207,7 @@ def compute_schedule(kernel: Kernel, deps: Dependences, options: Options) -> isl
     if options.scheduler == "pluto":
         from .pluto import pluto_schedule
         try:
-            return pluto_schedule(kernel, deps, options.fusion)
+            return pluto_schedule(kernel, deps, options.fusion, options.diamond)
         except ScheduleError as err:
             warnings.warn(PolycWarning(f"{kernel.name}: {err}; using isl's scheduler"),
                           stacklevel=3)

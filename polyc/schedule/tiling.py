@@ -65,3 +65,23 @@ def split_last(node: isl.ScheduleNode) -> isl.ScheduleNode:
     if n == 1:
         return node
     return node.band_split(n - 1).child(0)
+
+
+def wavefront(tiles: isl.ScheduleNode) -> isl.ScheduleNode:
+    """The tile band ``[T0, T1, ..., Tk]`` of a permutable band without a parallel member
+    as ``[T0 + ... + Tk]`` above ``[T1, ..., Tk]``: every dependence has non-negative
+    tile distances, so those with a zero sum stay inside one tile and the inner members
+    are parallel at a fixed wavefront (all of them flagged coincident). Returns the inner
+    band; its parent is the wavefront band."""
+    n = tiles.band_n_member()
+    mupa = tiles.band_get_partial_schedule()
+    parts = [mupa.get_union_pw_aff(i) for i in range(n)]
+    front = parts[0]
+    for p in parts[1:]:
+        front = front.add(p)
+    new = isl.MultiUnionPwAff.from_union_pw_aff_list(mupa.get_space(),
+                                                     _upa_list([front, *parts[1:]]))
+    node = tiles.delete().insert_partial_schedule(new).band_set_permutable(1)
+    for i in range(1, n):
+        node = node.band_member_set_coincident(i, 1)
+    return node.band_split(1).child(0)
