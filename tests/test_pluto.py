@@ -142,7 +142,8 @@ def test_wavefront_of_tiles_runs_in_parallel(diamond):
     wavefront, the inner tile loop in parallel; results stay exact at 2 threads."""
     op = polyc.scop(JACOBI_1D, scheduler="pluto", diamond=diamond, threads=2)
     rng = np.random.default_rng(1)
-    A, B = rng.standard_normal(3001).astype(np.float32), rng.standard_normal(3001).astype(np.float32)
+    A = rng.standard_normal(3001).astype(np.float32)
+    B = rng.standard_normal(3001).astype(np.float32)
     want = ref_jacobi_1d(150, A, B)  # more time steps than one time tile holds
     got = op(T=150, N=3001, A=A.copy(), B=B.copy())
     for g, w in zip(got, want):
