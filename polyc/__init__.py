@@ -13,6 +13,7 @@
 """
 from .api import Operator, define, einsum, scop
 from .compare import compare
+from .search import load_search_log, search
 from .codegen.cuda_runtime import to_device
 from .codegen.device_array import DeviceArray
 from .errors import (
@@ -30,9 +31,9 @@ from .errors import (
 )
 from .model import CompiledModel, build_model, compile_onnx
 from .options import Options
-from .schedule.space import ScheduleSpace, ScheduleTrace, load_schedule
+from .schedule.space import ScheduleSpace, ScheduleTrace, knob, load_schedule
 
-__all__ = ["compare", "CallError", "CompileError", "CompiledModel", "DeviceArray", "ScheduleSpace",
+__all__ = ["compare", "knob", "load_search_log", "search", "CallError", "CompileError", "CompiledModel", "DeviceArray", "ScheduleSpace",
            "ScheduleTrace", "load_schedule", "InternalError", "Operator", "Options",
            "ParseError", "PolycError", "RangeInferenceError", "RunError", "ScheduleError", "SemanticError",
            "ToolchainError", "UnsupportedError", "build_model", "compile_onnx", "define",

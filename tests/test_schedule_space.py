@@ -219,3 +219,57 @@ def test_unroll_pragmas_reach_the_c(mm):
         s.unroll("S1", "k", 1)
     with pytest.raises(ScheduleError, match="outside its innermost loop"):
         mm.schedule_space().unroll_and_jam("S1", "k", 2)
+
+
+def test_knobs_are_recorded_then_fixed(mm):
+    s = mm.schedule_space().tile("S1", ("m", "n"), sizes=(polyc.knob([8, 16], "tm"),
+                                                          polyc.knob([16, 32], "tn"))) \
+        .parallel("S1", "m_tile")
+    assert [k.name for k in s.knobs()] == ["tm", "tn"]
+    assert list(s.candidates()) == [(8, 16), (8, 32), (16, 16), (16, 32)]
+    assert "steps with knobs (not applied yet)" in str(s)
+    with pytest.raises(ScheduleError, match="has knobs"):
+        s.check()
+    with pytest.raises(ScheduleError, match="has knobs"):
+        mm.with_schedule(s)
+    fixed = s.with_values({"tm": 16, "tn": 32})
+    assert [str(x) for x in fixed.trace().steps] == [
+        "tile('S1', ('m', 'n'), (16, 32))", "parallel('S1', 'm_tile')"]
+    assert_matmul(mm, fixed)
+    with pytest.raises(ScheduleError, match="not a value"):
+        s.with_values((12, 16))
+
+
+@pytest.mark.parametrize("strategy", ["exhaustive", "random", "model"])
+def test_search_logs_every_candidate(tmp_path, strategy):
+    from test_scop import JACOBI_1D
+    op = polyc.scop(JACOBI_1D)
+    fused = op.schedule_space().shift("S1", "i", 1).fuse(2, "S0", "S1")
+    s = fused.skew("S0", "t", "i", polyc.knob([0, 2], "skew")) \
+        .tile("S0", ("t", "i"), (polyc.knob([2, 4], "tt"), 16))
+    log = tmp_path / "search.jsonl"
+    found = polyc.search(op, s, sizes={"T": 5, "N": 67}, budget=120, strategy=strategy,
+                         log=str(log), repeat=1, progress=False)
+    assert found.tried == found.total == 4
+    records = polyc.load_search_log(str(log))
+    assert len(records) == 4 and {tuple(r.values.items()) for r in records} == {
+        (("skew", a), ("tt", b)) for a in (0, 2) for b in (2, 4)}
+    illegal = [r for r in records if r.values["skew"] == 0]
+    assert all(not r.correct and r.error.startswith("illegal:") and "dependence" in r.error
+               for r in illegal)  # rectangular time tiles of an unskewed stencil
+    legal = [r for r in records if r.values["skew"] == 2]
+    assert all(r.correct and r.seconds > 0 for r in legal)
+    assert found.best is not None and found.best_record.values["skew"] == 2
+    assert "candidates tried" in str(found)
+    run_jacobi = __import__("test_scop").run_jacobi_1d
+    run_jacobi(op.with_schedule(found.best), T=5, N=67)
+
+
+def test_search_budget_and_arguments(mm):
+    s = mm.schedule_space().split("S1", "k", polyc.knob([4, 8]))
+    found = polyc.search(mm, s, sizes={"M": 9, "N": 9, "K": 9}, budget=0, progress=False)
+    assert found.tried == 0 and found.best is None and found.total == 2
+    with pytest.raises(polyc.CallError, match="strategy"):
+        polyc.search(mm, s, sizes={"M": 9, "N": 9, "K": 9}, strategy="annealing")
+    with pytest.raises(ScheduleError, match="no knobs"):
+        polyc.search(mm, mm.schedule_space(), sizes={"M": 9, "N": 9, "K": 9})

@@ -26,8 +26,11 @@ legality check runs again on the tree.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -120,6 +123,8 @@ class ScheduleSpace:
     steps: tuple[Step, ...] = field(default=())
     #: search for a fix when a step is refused (off while searching)
     hints: bool = True
+    #: steps with knobs (:class:`Knob`), recorded unapplied until values are chosen
+    pending: tuple[Step, ...] = field(default=())
 
     # -- construction ----------------------------------------------------------------
 
@@ -145,7 +150,49 @@ class ScheduleSpace:
         return tuple(d.name for d in self._row(stmt) if d.loop and d.name)
 
     def trace(self) -> ScheduleTrace:
+        self._concrete("trace")
         return ScheduleTrace(self.steps, self.kernel.name)
+
+    # -- knobs -----------------------------------------------------------------------
+
+    def knobs(self) -> tuple[Knob, ...]:
+        """The knobs of the pending steps, in order of appearance."""
+        out: list[Knob] = []
+        for step in self.pending:
+            for k in _knobs_in(step.args):
+                if all(k is not x for x in out):
+                    out.append(k)
+        return tuple(out)
+
+    def with_values(self, values: Sequence[Any] | Mapping[Any, Any]) -> ScheduleSpace:
+        """The concrete space: the pending steps applied with each knob's value (a
+        sequence in :meth:`knobs` order, or a mapping from knob or knob name)."""
+        knobs = self.knobs()
+        if isinstance(values, Mapping):
+            chosen = [values[k] if k in values else values[k.name] for k in knobs]
+        else:
+            chosen = list(values)
+        if len(chosen) != len(knobs):
+            raise ScheduleError(f"{len(knobs)} knob values needed, got {len(chosen)}")
+        for k, v in zip(knobs, chosen):
+            if v not in k.values:
+                raise ScheduleError(f"{v!r} is not a value of {k}")
+        table = {id(k): v for k, v in zip(knobs, chosen)}
+        space = replace(self, pending=())
+        for step in self.pending:
+            space = getattr(space, step.name)(*_substitute(step.args, table))
+        return space
+
+    def candidates(self) -> Iterator[tuple[Any, ...]]:
+        """Every combination of knob values (in :meth:`knobs` order)."""
+        return itertools.product(*(k.values for k in self.knobs()))
+
+    def _concrete(self, what: str) -> None:
+        if self.pending:
+            shown = ", ".join(map(str, self.knobs()))
+            raise ScheduleError(f"{what}: the schedule has knobs ({shown}) "
+                                "-- search them with polyc.search, or fix them with "
+                                ".with_values(...)")
 
     def save(self, path: str) -> None:
         """Write the trace (JSON) to ``path``: :func:`load_schedule` reads it."""
@@ -198,6 +245,7 @@ class ScheduleSpace:
     def tree(self) -> isl.Schedule:
         """The isl schedule tree: positions as sequences, loops as one-member bands,
         marks above the marked loops."""
+        self._concrete("tree")
         dom = self.kernel.domain()
         maps = {name: self._stmt_map(name, row) for name, row in self.dims}
         root = isl.Schedule.from_domain(dom).get_root().child(0)
@@ -266,6 +314,7 @@ class ScheduleSpace:
     def check(self) -> ScheduleSpace:
         """Raise :class:`ScheduleError` unless every dependence runs in order and every
         marked loop carries none; returns ``self``."""
+        self._concrete("check")
         smap = self.schedule_map()
         violation = self._order_violation(smap)
         if violation is not None:
@@ -617,6 +666,9 @@ class ScheduleSpace:
         if self.steps:
             lines.append("steps:")
             lines += [f"  {s}" for s in self.steps]
+        if self.pending:
+            lines.append("steps with knobs (not applied yet):")
+            lines += [f"  {s}" for s in self.pending]
         return "\n".join(lines)
 
     def _sketch(self, stmts: list[str], d: int, indent: str) -> list[str]:
@@ -710,3 +762,66 @@ def _pad(rows: tuple[tuple[str, tuple[Dim, ...]], ...]) -> tuple[tuple[str, tupl
         stripped.append((n, r))
     depth = max((len(r) for _, r in stripped), default=0)
     return tuple((n, tuple(r + [Dim("", "0")] * (depth - len(r)))) for n, r in stripped)
+
+
+class Knob:
+    """A choice among ``values`` for a primitive's argument (``polyc.knob([16, 32, 64])``):
+    a space whose steps use knobs records them unapplied; :func:`polyc.search` tries
+    the combinations, :meth:`ScheduleSpace.with_values` fixes them."""
+    _count = itertools.count()
+
+    def __init__(self, values: Iterable[Any], name: str | None = None):
+        self.values = tuple(values)
+        if not self.values:
+            raise ScheduleError("a knob needs at least one value")
+        self.name = name or f"knob{next(Knob._count)}"
+
+    def __repr__(self) -> str:
+        return f"knob({list(self.values)!r}, name={self.name!r})"
+
+    __str__ = __repr__
+
+
+def knob(values: Iterable[Any], name: str | None = None) -> Knob:
+    """A knob over ``values`` (see :class:`Knob`)."""
+    return Knob(values, name)
+
+
+def _knobs_in(args: Any) -> list[Knob]:
+    if isinstance(args, Knob):
+        return [args]
+    if isinstance(args, (tuple, list)):
+        return [k for a in args for k in _knobs_in(a)]
+    return []
+
+
+def _substitute(args: Any, table: dict[int, Any]) -> Any:
+    if isinstance(args, Knob):
+        return table[id(args)]
+    if isinstance(args, tuple):
+        return tuple(_substitute(a, table) for a in args)
+    if isinstance(args, list):
+        return [_substitute(a, table) for a in args]
+    return args
+
+
+def _knobbable(name: str) -> None:
+    """Wrap primitive ``name``: with a knob in its arguments, or steps with knobs already
+    pending, it is recorded instead of applied."""
+    method = getattr(ScheduleSpace, name)
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def primitive(self: ScheduleSpace, *args: Any, **kwargs: Any) -> ScheduleSpace:
+        if kwargs:  # keyword arguments become positional (steps are positional)
+            bound = signature.bind(self, *args, **kwargs)
+            args = tuple(bound.args[1:])
+        if self.pending or _knobs_in(args):
+            return replace(self, pending=self.pending + (Step(name, tuple(args)),))
+        return method(self, *args)
+
+    setattr(ScheduleSpace, name, primitive)
+
+
+for _name in PRIMITIVES:
+    _knobbable(_name)
