@@ -700,6 +700,35 @@ class ScheduleSpace:
     def __repr__(self) -> str:
         return f"<ScheduleSpace of {self.kernel.name}: {len(self.steps)} steps>"
 
+    # -- pictures (matplotlib) -------------------------------------------------------
+
+    def plot(self, path: str | None = None, sizes: Mapping[str, int] | None = None,
+             stmt: str | None = None, loops: tuple[str, str] | None = None) -> Any:
+        """The iteration space of ``stmt`` over two loops, its dependences and tiles
+        (:func:`polyc.plot.iteration_space`); ``sizes`` default to 8 (fixed sizes: theirs)."""
+        from ..plot import iteration_space
+        self._concrete("plot")
+        return iteration_space(self, self._plot_sizes(sizes), stmt, loops, path)
+
+    def plot_dependences(self, path: str | None = None) -> Any:
+        """The dependence graph of the statements (:func:`polyc.plot.dependence_graph`)."""
+        from ..plot import dependence_graph
+        return dependence_graph(self, path)
+
+    def _plot_sizes(self, sizes: Mapping[str, int] | None) -> dict[str, int]:
+        out = {s: 8 for s in self.kernel.sizes}
+        out.update(dict(self.kernel.fixed_sizes))
+        out.update(dict(sizes or {}))
+        return out
+
+    def _repr_png_(self) -> bytes | None:
+        """Inline in notebooks: the first statement's iteration space at small sizes."""
+        try:
+            from ..plot import png_bytes
+            return png_bytes(self.plot())
+        except Exception:  # noqa: BLE001 -- no picture (no matplotlib...): text only
+            return None
+
 
 #: the primitives a trace may name
 PRIMITIVES = ("tile", "split", "reorder", "interchange", "skew", "shift", "reverse", "fuse",
