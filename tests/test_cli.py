@@ -260,7 +260,7 @@ def test_error_shows_the_source_line_and_a_caret(tmp_path):
     assert lines[1:3] == ["        B(i) = Bb(i)", "               ^"], done.stderr
 
 
-@pytest.mark.parametrize("name", ["model.txt", "matmul", "m.c"])
+@pytest.mark.parametrize("name", ["model.txt", "matmul", "m.cpp"])
 def test_unknown_extension_is_refused(tmp_path, name):
     src = tmp_path / name
     src.write_text(open(MATMUL_TC).read())
@@ -272,6 +272,14 @@ def test_unknown_extension_is_refused(tmp_path, name):
     ok = polyc("compile", str(src), "--lang", "tc", "--emit", "ir")
     assert ok.returncode == 0, ok.stderr
     assert "kernel matmul(A, B) -> (C)" in ok.stdout
+
+
+def test_tc_text_in_a_c_file_is_a_clean_c_error(tmp_path):
+    src = tmp_path / "m.c"
+    src.write_text(open(MATMUL_TC).read())
+    done = polyc("compile", str(src), "--emit", "c")
+    assert_clean_failure(done)
+    assert "C syntax error" in done.stderr, done.stderr
 
 
 def test_onnx_model_named_tc_is_refused(tmp_path):
