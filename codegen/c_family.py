@@ -107,6 +107,9 @@ class CDialect:
 
     #: the pragma that unrolls the next loop by a factor (``{}``); "" for none
     unroll_pragma = "GCC unroll {}"
+    #: before a statement's iterator declarations (an iterator a register tile's access
+    #: no longer mentions is unused: nvcc's -Werror all-warnings refuses that)
+    iterator_prefix = ""
 
     def loop_pragmas(self, parallel: bool, simd: bool, options: Options) -> list[str]:
         """The pragmas to put before a loop the schedule marked parallel and/or simd."""
@@ -328,7 +331,8 @@ class _Walker:
                 index_names[it] = scope.fresh(it)
                 value = self._isl(call.get_op_arg(i + 1)).text
                 decls.append(cgen.Statement(
-                    f"const {self.dialect.index_type} {index_names[it]} = {value}"))
+                    f"{self.dialect.iterator_prefix}const {self.dialect.index_type} "
+                    f"{index_names[it]} = {value}"))
         printer = self.sym.printer(self.kernel, index_names)
         printer.promoted = self.promoted
         dtype = self.kernel.array(stmt.write.array).dtype

@@ -84,6 +84,7 @@ class CudaDialect(CDialect):
     wide_vector_attribute = ""
     accumulator_attribute = ""
     unroll_pragma = "unroll {}"
+    iterator_prefix = "[[maybe_unused]] "
 
 
 @dataclass(frozen=True)

@@ -57,8 +57,10 @@ DEFAULT_BLOCK_1D = 256
 DEFAULT_BLOCK_Y = {2: 8, 3: 4}
 DEFAULT_BLOCK_Z = 2
 #: tile of the members that stay loops in a thread when arrays are promoted to shared
-#: memory (reduction members: the copy-in happens once per such tile)
+#: memory (reduction members: the copy-in happens once per such tile); smaller ones are
+#: tried when an array's tile would not fit (a conv's input over 32 channels)
 REDUCTION_TILE = 32
+REDUCTION_TILES = (REDUCTION_TILE, 16, 8, 4)
 #: static shared memory a block may use (every architecture since sm_20)
 SHARED_BYTES = 48 * 1024
 #: the mark between the tile band and the point band of a kernel with shared arrays
@@ -286,6 +288,9 @@ def _private_axes(kernel: Kernel, node: isl.ScheduleNode, dom: isl.UnionSet,
         comp = access.project_out(isl.dim_type.out, d + 1, rank - d - 1) \
             .project_out(isl.dim_type.out, 0, d).reset_tuple_id(isl.dim_type.out)
         found = next((m for m, f in enumerate(members) if comp.is_equal(f)), None)
+        if found is None and comp.range().is_singleton():
+            axes.append(None)  # one value over the whole kernel (a batch of 1)
+            continue
         if found is None or not flags[found]:
             return None
         axes.append(chosen.index(found) if found in chosen else None)
@@ -323,14 +328,22 @@ def _promote(kernel: Kernel, deps: Dependences, node: isl.ScheduleNode,
     mapped = [d.member for d in dims]
     rest = [i for i in range(len(flags)) if i not in mapped]
     order = mapped + [i for i in rest if flags[i]] + [i for i in rest if not flags[i]]
-    sizes = [d.tile for d in dims] + [1 if flags[i] else REDUCTION_TILE
-                                      for i in order[len(mapped):]]
     band = tiling.permute_band(band, order)
-    tiles = tiling.tile_band(band, sizes)
     blocks = _block_instances(dims)
-    prefix = isl.UnionMap.from_multi_union_pw_aff(tiles.band_get_partial_schedule()) \
-        .intersect_domain(dom.intersect(blocks))
-    shared = _shared_arrays(kernel, dom.intersect(blocks), prefix, context)
+    best: tuple[isl.ScheduleNode, tuple[SharedArray, ...]] | None = None
+    for reduction in REDUCTION_TILES:  # the deepest reduction tile that shares the most
+        sizes = [d.tile for d in dims] + [1 if flags[i] else reduction
+                                          for i in order[len(mapped):]]
+        tiles = tiling.tile_band(band, sizes)
+        prefix = isl.UnionMap.from_multi_union_pw_aff(tiles.band_get_partial_schedule()) \
+            .intersect_domain(dom.intersect(blocks))
+        shared = _shared_arrays(kernel, dom.intersect(blocks), prefix, context)
+        if best is None or len(shared) > len(best[1]):
+            best = (tiles, shared)
+        if all(flags):
+            break  # no reduction member: the size does not matter
+    assert best is not None
+    tiles, shared = best
     if not shared:
         return None
     parallel = sum(1 for i in order if flags[i])
