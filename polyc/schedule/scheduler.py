@@ -12,7 +12,10 @@ Fusion modes (``Options.fusion``):
   (``schedule_whole_component``) and fuses as much as the dependences allow.
 
 Cutting in program order is always legal: the original program is sequential, so
-every dependence goes from an earlier statement to a later one (or within one).
+every dependence goes from an earlier statement to a later one (or within one). For C
+input, whose statements share loops (``Kernel.order``), that holds only between separate
+loop nests: statements of one nest stay in one run, and past the budget they keep the
+source's order.
 
 isl's scheduler runs within an operation budget (:data:`ISL_OPERATIONS`): some
 programs (several statements of different depths, generic sizes, ``max`` fusion) make
@@ -66,6 +69,16 @@ def fusion_groups(kernel: Kernel, mode: str) -> list[list[Statement]]:
     stmts = list(kernel.statements)
     if mode == "max":
         return [stmts]
+    if kernel.order:  # C input: statements sharing a loop nest may depend on each other
+        # both ways across its iterations; only separate nests are cut apart
+        groups: list[list[Statement]] = []
+        for s in stmts:
+            top = kernel.position(s.name)[0]
+            if groups and kernel.position(groups[-1][-1].name)[0] == top:
+                groups[-1].append(s)
+            else:
+                groups.append([s])
+        return groups
     if mode == "min":
         return [[s] for s in stmts]
     groups: list[list[Statement]] = []
@@ -97,6 +110,9 @@ ISL_OPERATIONS = 200_000
 #: seconds isl may spend scheduling a whole component (``fusion="max"``): its ILPs
 #: there are not counted in operations and can run for minutes (fuzz seeds 410, 5003)
 WHOLE_COMPONENT_SECONDS = 5.0
+#: seconds the Pluto scheduler, and isl's on statements that share a C loop nest, may
+#: take before polyc falls back (to isl's scheduler, to the source's loop nest)
+SCHEDULER_SECONDS = 10.0
 
 
 def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
@@ -111,6 +127,25 @@ def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
             f"{WHOLE_COMPONENT_SECONDS:g} s; it is scheduled as isl clusters it by default "
             f"(as fusion='smart' within one run)"), stacklevel=2)
         whole_component = False
+    if kernel.order and len(group) > 1 and hasattr(os, "fork"):
+        # statements sharing a C loop nest: isl's ILPs there can take minutes whatever
+        # its operation budget says (heat-3d: three calls of 27 s); bound the time
+        text = _time_limited(lambda: _budgeted(kernel, deps, group, whole_component).to_str(),
+                             SCHEDULER_SECONDS)
+        if text is not None:
+            return isl.Schedule.read_from_str(kernel.context.get_ctx(), text)
+        warnings.warn(PolycWarning(
+            f"{kernel.name}: isl's scheduler did not finish within {SCHEDULER_SECONDS:g} s "
+            f"on statements {', '.join(s.name for s in group)}; they keep the source's "
+            "loop nest"), stacklevel=2)
+        return _program_order(kernel, deps, group)
+    return _budgeted(kernel, deps, group, whole_component)
+
+
+def _budgeted(kernel: Kernel, deps: Dependences, group: list[Statement],
+              whole_component: bool) -> isl.Schedule:
+    """isl's schedule of ``group`` within :data:`ISL_OPERATIONS`, or the fallbacks of
+    the module doc past it."""
     ctx = kernel.context.get_ctx()
     old = ctx.get_max_operations()
     ctx.set_max_operations(ISL_OPERATIONS)
@@ -125,6 +160,12 @@ def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
         ctx.reset_operations()
     if len(group) == 1:
         return _source_order(kernel, group[0])
+    if kernel.order:  # statements share loops: the source's own order is the legal one
+        warnings.warn(PolycWarning(
+            f"{kernel.name}: isl's scheduler exceeded its budget of {ISL_OPERATIONS} "
+            f"operations on statements {', '.join(s.name for s in group)}; they keep the "
+            "source's loop nest"), stacklevel=2)
+        return _program_order(kernel, deps, group)
     warnings.warn(PolycWarning(
         f"{kernel.name}: isl's scheduler exceeded its budget of {ISL_OPERATIONS} operations "
         f"on statements {', '.join(s.name for s in group)}; they are scheduled one at a "
@@ -181,6 +222,17 @@ def _source_order(kernel: Kernel, s: Statement) -> isl.Schedule:
     return isl.Schedule.from_domain(dom).insert_partial_schedule(band)
 
 
+def _program_order(kernel: Kernel, deps: Dependences, group: list[Statement]) -> isl.Schedule:
+    """``group`` in the program's own order (its position vectors): always legal."""
+    dom = isl.UnionSet.empty(kernel.context.get_space())
+    for s in group:
+        dom = dom.union(isl.UnionSet.from_set(s.domain))
+    dom = dom.intersect_params(kernel.context)
+    order = deps.original_schedule.intersect_domain(dom)
+    return isl.Schedule.from_domain(dom).insert_partial_schedule(
+        isl.MultiUnionPwAff.from_union_map(order))
+
+
 def _isl_schedule(kernel: Kernel, deps: Dependences, group: list[Statement],
                   whole_component: bool) -> isl.Schedule:
     names = {s.name for s in group}
@@ -206,11 +258,21 @@ def compute_schedule(kernel: Kernel, deps: Dependences, options: Options) -> isl
                             "to schedule")
     if options.scheduler == "pluto":
         from .pluto import pluto_schedule
+
+        def pluto() -> str:
+            return pluto_schedule(kernel, deps, options.fusion, options.diamond).to_str()
         try:
-            return pluto_schedule(kernel, deps, options.fusion, options.diamond)
+            text = _time_limited(pluto, SCHEDULER_SECONDS) if hasattr(os, "fork") else pluto()
         except ScheduleError as err:
             warnings.warn(PolycWarning(f"{kernel.name}: {err}; using isl's scheduler"),
                           stacklevel=3)
+        else:
+            if text is not None:
+                return isl.Schedule.read_from_str(kernel.context.get_ctx(), text)
+            warnings.warn(PolycWarning(
+                f"{kernel.name}: the Pluto scheduler did not finish within "
+                f"{SCHEDULER_SECONDS:g} s (its Farkas duals of large dependence "
+                "polyhedra); using isl's scheduler"), stacklevel=3)
     groups = fusion_groups(kernel, options.fusion)
     parts = [_schedule_group(kernel, deps, g, options.fusion == "max") for g in groups]
     if len(parts) == 1:
