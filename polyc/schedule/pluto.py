@@ -390,13 +390,15 @@ class _Pluto:
 
     def _coincident(self, stmts: list[str], start: int, r: int) -> bool:
         """No dependence between ``stmts`` has a non-zero distance at row ``r`` among
-        the pairs with zero distance at every row before it (from the band's outside:
-        rows before ``start`` that order them are sequence rows or earlier bands)."""
+        the pairs with zero distance at every row before the band (``start``). Not
+        conditioned on the band's earlier members, as isl's flags: polyc's band passes
+        may move a coincident member first (jacobi-2d's diamond band: ``2t + j`` is
+        parallel once ``2t + i`` and ``2t - i`` are fixed, not alone)."""
         for e in self.coincidence:
             if e.src not in stmts or e.dst not in stmts:
                 continue
             rest = e.poly
-            for row in self.rows[:r]:
+            for row in self.rows[:start]:
                 rest = rest.intersect(self._distance_at_most_zero(e, row)) \
                     .intersect(self._distance_at_least_zero(e, row))
             if rest.is_empty():
