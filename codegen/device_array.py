@@ -74,8 +74,26 @@ class DeviceMemory:
             self._check(self._memset(pointer, 0, nbytes), "zeroing a device array")
 
 
+class _Extent:
+    """``nbytes``, ``ndim`` and ``size`` from ``shape`` and ``dtype``."""
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
 @dataclass(frozen=True)
-class DeviceView:
+class DeviceView(_Extent):
     """What a call needs of a device array: its pointer, shape and dtype (``keep`` holds
     whatever must stay alive meanwhile; ``release`` runs once the call is done)."""
     pointer: int
@@ -85,16 +103,8 @@ class DeviceView:
     release: Any = field(default=None, compare=False)
     readonly: bool = False
 
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-
-class DeviceArray:
+class DeviceArray(_Extent):
     """A C-contiguous array in device memory, owned by polyc (freed when collected).
 
     ``__cuda_array_interface__`` (version 3) lets CuPy, PyTorch, Numba take it without a
@@ -117,18 +127,6 @@ class DeviceArray:
         out = cls(host.shape, host.dtype, memory, zero=False)
         memory.copy(out.pointer, host.ctypes.data, out.nbytes, HOST_TO_DEVICE)
         return out
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
 
     def numpy(self) -> np.ndarray:
         """A host copy."""

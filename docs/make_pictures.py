@@ -5,11 +5,11 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "examples", "benchmarks"))
 
 import polyc  # noqa: E402
 from polyc import plot  # noqa: E402
-from test_scop import JACOBI_1D, SEIDEL_2D  # noqa: E402
+from scop_kernels import JACOBI_1D, SEIDEL_2D  # noqa: E402
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import polyc
+from polyc.codegen import device_array
 from polyc.codegen.device_array import DeviceArray
 
 MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
@@ -125,27 +126,9 @@ def test_host_pointer_posing_as_device_array_is_caught_at_the_launch(rng):
 
 # -- DLPack ------------------------------------------------------------------------------
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class _Managed(ctypes.Structure):
-    pass
-
-
-_Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(_Managed))
-_Managed._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
-                     ("deleter", _Deleter)]
+# the DLPack structures as polyc reads them (one definition, in polyc.codegen.device_array)
+_DLDevice, _DLDataType = device_array._DLDevice, device_array._DLDataType
+_Managed, _Deleter = device_array._DLManagedTensor, device_array._DELETER
 _new_capsule = ctypes.pythonapi.PyCapsule_New
 _new_capsule.restype = ctypes.py_object
 _new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]

@@ -5,75 +5,23 @@ works on it: stencils skewed and tiled, illegal steps refused with the dependenc
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
 import polyc
 from polyc.errors import ParseError, ScheduleError, SemanticError, UnsupportedError
 
-JACOBI_1D = r"""
-#include <math.h>
-/* two half-steps per time step, through B */
-void jacobi_1d(int T, int N, float A[N], float B[N])
-{
-#pragma scop
-  for (int t = 0; t < T; t++) {
-    for (int i = 1; i < N - 1; i++)
-      B[i] = 0.33333f * (A[i - 1] + A[i] + A[i + 1]);
-    for (int i = 1; i < N - 1; i++)
-      A[i] = 0.33333f * (B[i - 1] + B[i] + B[i + 1]);
-  }
-#pragma endscop
-}
-"""
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples", "benchmarks"))
+#: the kernels' C (shared with examples/benchmarks/bench_scop.py)
+from scop_kernels import GEMM, HEAT_3D, JACOBI_1D, JACOBI_2D, SEIDEL_2D  # noqa: E402
 
-JACOBI_2D = r"""
-void jacobi_2d(int T, int N, double A[N][N], double B[N][N])
-{
-  int t, i, j;
-#pragma scop
-  for (t = 0; t < T; t++) {
-    for (i = 1; i <= N - 2; i++)
-      for (j = 1; j <= N - 2; j++)
-        B[i][j] = 0.2 * (A[i][j] + A[i][j - 1] + A[i][j + 1] + A[i + 1][j] + A[i - 1][j]);
-    for (i = 1; i <= N - 2; i++)
-      for (j = 1; j <= N - 2; j++)
-        A[i][j] = 0.2 * (B[i][j] + B[i][j - 1] + B[i][j + 1] + B[i + 1][j] + B[i - 1][j]);
-  }
-#pragma endscop
-}
-"""
 
-SEIDEL_2D = r"""
-// Gauss-Seidel: in place, every point reads its already-updated neighbours
-void seidel_2d(int T, int N, double A[N][N])
-{
-#pragma scop
-  for (int t = 0; t <= T - 1; t++)
-    for (int i = 1; i <= N - 2; i++)
-      for (int j = 1; j <= N - 2; j++)
-        A[i][j] = (A[i - 1][j - 1] + A[i - 1][j] + A[i - 1][j + 1]
-                   + A[i][j - 1] + A[i][j] + A[i][j + 1]
-                   + A[i + 1][j - 1] + A[i + 1][j] + A[i + 1][j + 1]) / 9.0;
-#pragma endscop
-}
-"""
 
-GEMM = r"""
-void gemm(int NI, int NJ, int NK, double alpha, double beta,
-          double C[NI][NJ], double A[NI][NK], double B[NK][NJ])
-{
-#pragma scop
-  for (int i = 0; i < NI; i++) {
-    for (int j = 0; j < NJ; j++)
-      C[i][j] *= beta;
-    for (int k = 0; k < NK; k++)
-      for (int j = 0; j < NJ; j++)
-        C[i][j] += alpha * A[i][k] * B[k][j];
-  }
-#pragma endscop
-}
-"""
+
 
 TRIANGLE = r"""
 void lower(int N, float L[N][N], float x[N])
@@ -102,10 +50,11 @@ def ref_jacobi_1d(T, A, B):
 def ref_jacobi_2d(T, A, B):
     A, B = A.copy(), B.copy()
     for _ in range(T):
-        B[1:-1, 1:-1] = 0.2 * (A[1:-1, 1:-1] + A[1:-1, :-2] + A[1:-1, 2:] + A[2:, 1:-1]
-                               + A[:-2, 1:-1])
-        A[1:-1, 1:-1] = 0.2 * (B[1:-1, 1:-1] + B[1:-1, :-2] + B[1:-1, 2:] + B[2:, 1:-1]
-                               + B[:-2, 1:-1])
+        # the C's order of the sums: centre, j - 1, j + 1, i - 1, i + 1
+        B[1:-1, 1:-1] = 0.2 * (A[1:-1, 1:-1] + A[1:-1, :-2] + A[1:-1, 2:] + A[:-2, 1:-1]
+                               + A[2:, 1:-1])
+        A[1:-1, 1:-1] = 0.2 * (B[1:-1, 1:-1] + B[1:-1, :-2] + B[1:-1, 2:] + B[:-2, 1:-1]
+                               + B[2:, 1:-1])
     return A, B
 
 
@@ -324,27 +273,6 @@ def test_command_line_rewrites_the_c_file(tmp_path):
     assert "3:" in done.stderr and "affine" in done.stderr
 
 
-HEAT_3D = r"""
-void heat_3d(int T, int N, double A[N][N][N], double B[N][N][N])
-{
-#pragma scop
-  for (int t = 0; t < T; t++) {
-    for (int i = 1; i < N - 1; i++)
-      for (int j = 1; j < N - 1; j++)
-        for (int k = 1; k < N - 1; k++)
-          B[i][j][k] = A[i][j][k] + 0.125 * (A[i + 1][j][k] - 2.0 * A[i][j][k] + A[i - 1][j][k])
-                       + 0.125 * (A[i][j + 1][k] - 2.0 * A[i][j][k] + A[i][j - 1][k])
-                       + 0.125 * (A[i][j][k + 1] - 2.0 * A[i][j][k] + A[i][j][k - 1]);
-    for (int i = 1; i < N - 1; i++)
-      for (int j = 1; j < N - 1; j++)
-        for (int k = 1; k < N - 1; k++)
-          A[i][j][k] = B[i][j][k] + 0.125 * (B[i + 1][j][k] - 2.0 * B[i][j][k] + B[i - 1][j][k])
-                       + 0.125 * (B[i][j + 1][k] - 2.0 * B[i][j][k] + B[i][j - 1][k])
-                       + 0.125 * (B[i][j][k + 1] - 2.0 * B[i][j][k] + B[i][j][k - 1]);
-  }
-#pragma endscop
-}
-"""
 
 
 def test_heat_3d_statements_sharing_the_time_loop_stay_in_order():
