@@ -27,8 +27,9 @@ REDUCTIONS = {
 }
 
 
-@pytest.mark.parametrize("points", [True, (3, 2), (1, 5), (2, 2, 2), False])
-@pytest.mark.parametrize("case", sorted(REDUCTIONS))
+@pytest.mark.parametrize("case, points", [(c, p) for c in sorted(REDUCTIONS)
+                                          for p in (True, (3, 2), False)]
+                         + [("matmul", (1, 5)), ("batched_matmul", (2, 2, 2))])
 def test_register_tiles_match_numpy_in_both_orders(case, points):
     src, _, ref = CASES[case]
     op = polyc.define(src, target="cuda", emulate=True, gpu_register_tile=points)

@@ -28,8 +28,9 @@ REGRESSIONS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "fuzz", "
                                             "*.py")))
 #: the CI slice: seeds and count (about a minute on two cores)
 SLICE_SEED, SLICE_N = 20240, 300
-#: the CUDA target's slice, run by the CPU emulation (about half a minute)
-CUDA_SLICE_SEED, CUDA_SLICE_N = 30240, 60
+#: the CUDA target's slice, run by the CPU emulation (about half a minute; campaigns with
+#: --target cuda run long ones)
+CUDA_SLICE_SEED, CUDA_SLICE_N = 30240, 40
 
 
 def interpret(src, *inputs, name=None):
