@@ -39,29 +39,23 @@ class CudaFunction(CompiledFunction):
         last_error = getattr(lib, f"{function_name}_last_error")
         last_error.restype = ctypes.c_char_p
         last_error.argtypes = []
-        raw = self._fn
 
-        def checked(*args: Any) -> int:
-            status = raw(*args)
-            if status >= 3:
-                message = (last_error() or b"").decode(errors="replace")
-                raise CallError(f"{kernel.name}: {message}")
-            return int(status)
+        def checked(fn: Any) -> Any:
+            """``fn`` raising :class:`CallError` with the library's message on a CUDA
+            status (3 or 4)."""
+            def call(*args: Any) -> int:
+                status = fn(*args)
+                if status >= 3:
+                    message = (last_error() or b"").decode(errors="replace")
+                    raise CallError(f"{kernel.name}: {message}")
+                return int(status)
+            return call
 
-        self._fn = checked
+        self._fn = checked(self._fn)
         device = getattr(lib, f"{function_name}_device")
         device.restype = ctypes.c_int
-        device.argtypes = ([ctypes.c_int64] * len(kernel.sizes)
-                           + [ctypes.c_void_p] * (len(kernel.inputs) + len(kernel.outputs)))
-
-        def device_checked(*args: Any) -> int:
-            status = device(*args)
-            if status >= 3:
-                message = (last_error() or b"").decode(errors="replace")
-                raise CallError(f"{kernel.name}: {message}")
-            return int(status)
-
-        self._device_fn = device_checked
+        device.argtypes = self._fn_argtypes
+        self._device_fn = checked(device)
         self.memory = DeviceMemory(lib, function_name)
 
     def __call__(self, inputs: Sequence[Any], sizes: Mapping[str, int] | None = None,

@@ -240,8 +240,10 @@ class CompiledFunction:
         self.function_name = function_name
         fn = getattr(load_library(path), function_name)
         fn.restype = ctypes.c_int
-        fn.argtypes = ([ctypes.c_int64] * len(kernel.sizes)
-                       + [ctypes.c_void_p] * (len(kernel.inputs) + len(kernel.outputs)))
+        #: sizes as int64, then every input and output as a pointer
+        self._fn_argtypes = ([ctypes.c_int64] * len(kernel.sizes)
+                             + [ctypes.c_void_p] * (len(kernel.inputs) + len(kernel.outputs)))
+        fn.argtypes = self._fn_argtypes
         self._fn = fn
 
     def __call__(self, inputs: Sequence[Any], sizes: Mapping[str, int] | None = None,

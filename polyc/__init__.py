@@ -14,7 +14,6 @@
 from .api import Operator, define, einsum, scop
 from .compare import compare
 from .search import load_search_log, search
-from .codegen.cuda_runtime import to_device
 from .codegen.device_array import DeviceArray
 from .errors import (
                      CallError,
@@ -33,9 +32,17 @@ from .model import CompiledModel, build_model, compile_onnx
 from .options import Options
 from .schedule.space import ScheduleSpace, ScheduleTrace, knob, load_schedule
 
-__all__ = ["compare", "knob", "load_search_log", "search", "CallError", "CompileError", "CompiledModel", "DeviceArray", "ScheduleSpace",
-           "ScheduleTrace", "load_schedule", "InternalError", "Operator", "Options",
-           "ParseError", "PolycError", "RangeInferenceError", "RunError", "ScheduleError", "SemanticError",
-           "ToolchainError", "UnsupportedError", "build_model", "compile_onnx", "define",
-           "einsum", "scop", "to_device"]
+__all__ = ["CallError", "CompileError", "CompiledModel", "DeviceArray", "InternalError",
+           "Operator", "Options", "ParseError", "PolycError", "RangeInferenceError", "RunError",
+           "ScheduleError", "ScheduleSpace", "ScheduleTrace", "SemanticError", "ToolchainError",
+           "UnsupportedError", "build_model", "compare", "compile_onnx", "define", "einsum",
+           "knob", "load_schedule", "load_search_log", "scop", "search", "to_device"]
 __version__ = "0.1.0"
+
+
+def to_device(array, emulate=False, options=None):  # noqa: ANN001, ANN201
+    """A :class:`DeviceArray` copy of ``array`` on the GPU (or the CPU emulation's
+    device): :func:`polyc.codegen.cuda_runtime.to_device`, imported on first use."""
+    from .codegen.cuda_runtime import to_device as copy
+    return copy(array, emulate=emulate, options=options)
+

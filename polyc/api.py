@@ -82,7 +82,8 @@ class Operator:
         """This operator compiled with ``schedule``: a ScheduleSpace, or a ScheduleTrace
         (:func:`polyc.load_schedule`), replayed on every size it is compiled for."""
         from .schedule.space import ScheduleSpace, ScheduleTrace
-        if isinstance(schedule, ScheduleSpace):
+        checked = isinstance(schedule, ScheduleSpace)  # every step was checked already
+        if checked:
             schedule = schedule.trace()
         if not isinstance(schedule, ScheduleTrace):
             raise TypeError(f"with_schedule takes a ScheduleSpace or ScheduleTrace, got "
@@ -90,7 +91,8 @@ class Operator:
         if self.options.target != "c":
             raise CompileError("schedules from the workbench compile for the C target")
         text = schedule.to_json()
-        pipeline.user_schedule(self.kernel, text)  # refused now, not at the first call
+        if not checked:  # a loaded trace: refused now, not at the first call
+            pipeline.user_schedule(self.kernel, text)
         return self._with_options(self.options.replace(schedule=text))
 
     def _with_options(self, options: Options) -> Operator:

@@ -303,3 +303,17 @@ def test_heat_3d_statements_sharing_the_time_loop_stay_in_order():
     assert time.monotonic() - t0 < 90
     for g, w in zip(got, ref(3, A, B)):
         np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+@pytest.mark.parametrize("scheduler", ["isl", "pluto"])
+def test_c_input_on_the_cuda_target(scheduler):
+    """A C region compiled for CUDA (run by the CPU emulation): statements sharing the
+    time loop, arrays updated in place through the host wrapper."""
+    op = polyc.scop(JACOBI_1D, target="cuda", emulate=True, scheduler=scheduler)
+    run_jacobi_1d(op, T=4, N=37)
+    op = polyc.scop(GEMM, target="cuda", emulate=True, scheduler=scheduler)
+    rng = np.random.default_rng(9)
+    C, A, B = (rng.standard_normal((17, 23)), rng.standard_normal((17, 9)),
+               rng.standard_normal((9, 23)))
+    want = 0.5 * C + 1.5 * (A @ B)
+    np.testing.assert_allclose(op(17, 23, 9, 1.5, 0.5, C, A, B), want, rtol=1e-12)

@@ -337,11 +337,12 @@ def _promote(kernel: Kernel, deps: Dependences, node: isl.ScheduleNode,
         tiles = tiling.tile_band(band, sizes)
         prefix = isl.UnionMap.from_multi_union_pw_aff(tiles.band_get_partial_schedule()) \
             .intersect_domain(dom.intersect(blocks))
-        shared = _shared_arrays(kernel, dom.intersect(blocks), prefix, context)
+        too_big: list[str] = []
+        shared = _shared_arrays(kernel, dom.intersect(blocks), prefix, context, too_big)
         if best is None or len(shared) > len(best[1]):
             best = (tiles, shared)
-        if all(flags):
-            break  # no reduction member: the size does not matter
+        if all(flags) or not too_big:
+            break  # everything that qualifies fits (or no reduction tile to shrink)
     assert best is not None
     tiles, shared = best
     if not shared:
@@ -381,7 +382,11 @@ def _in_order(kernel: Kernel, deps: Dependences, dom: isl.UnionSet,
 
 
 def _shared_arrays(kernel: Kernel, dom: isl.UnionSet, prefix: isl.UnionMap,
-                   context: isl.Set) -> tuple[SharedArray, ...]:
+                   context: isl.Set, left_out: list[str] | None = None
+                   ) -> tuple[SharedArray, ...]:
+    """The arrays to copy to shared memory (see :func:`_promote`); ``left_out`` gets the
+    ones that qualified but did not fit."""
+    left_out = [] if left_out is None else left_out
     stmts = [kernel.statement(n) for n in _statement_names(dom)]
     written = {s.write.array for s in stmts}
     reads: dict[str, list[tuple[Statement, E.Read]]] = {}
@@ -414,6 +419,8 @@ def _shared_arrays(kernel: Kernel, dom: isl.UnionSet, prefix: isl.UnionMap,
         if nbytes <= budget:
             budget -= nbytes
             chosen.append(SharedArray(array, box, nbytes, len(accesses)))
+        else:
+            left_out.append(array)
     return tuple(chosen)
 
 

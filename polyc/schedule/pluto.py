@@ -74,8 +74,6 @@ def pluto_schedule(kernel: Kernel, deps: Dependences, fusion: str = "smart",
 class _Pluto:
     def __init__(self, kernel: Kernel, deps: Dependences, fusion: str, diamond: bool = False):
         self.kernel, self.fusion, self.diamond = kernel, fusion, diamond
-        #: bands given diamond tiles
-        self.diamonds = 0
         self.stmts = [s.name for s in kernel.statements]
         self.dims = {s.name: len(s.iterators) for s in kernel.statements}
         self.params = list(kernel.sizes)
@@ -233,7 +231,6 @@ class _Pluto:
             return
         self.rows[start] = g
         self.rows[start + 1] = _Row(True, mirror)
-        self.diamonds += 1
 
     # -- satisfaction and cuts ---------------------------------------------------------
 

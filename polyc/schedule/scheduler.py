@@ -117,23 +117,23 @@ SCHEDULER_SECONDS = 10.0
 
 def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
                     whole_component: bool) -> isl.Schedule:
-    if whole_component and len(group) > 1 and hasattr(os, "fork"):
-        text = _time_limited(lambda: _isl_schedule(kernel, deps, group, True).to_str(),
-                             WHOLE_COMPONENT_SECONDS)
-        if text is not None:
-            return isl.Schedule.read_from_str(kernel.context.get_ctx(), text)
+    if whole_component and len(group) > 1:
+        sched = _within(kernel, lambda: _isl_schedule(kernel, deps, group, True),
+                        WHOLE_COMPONENT_SECONDS)
+        if sched is not None:
+            return sched
         warnings.warn(PolycWarning(
             f"{kernel.name}: isl's scheduler did not fuse the whole component within "
             f"{WHOLE_COMPONENT_SECONDS:g} s; it is scheduled as isl clusters it by default "
             f"(as fusion='smart' within one run)"), stacklevel=2)
         whole_component = False
-    if kernel.order and len(group) > 1 and hasattr(os, "fork"):
+    if kernel.order and len(group) > 1:
         # statements sharing a C loop nest: isl's ILPs there can take minutes whatever
         # its operation budget says (heat-3d: three calls of 27 s); bound the time
-        text = _time_limited(lambda: _budgeted(kernel, deps, group, whole_component).to_str(),
-                             SCHEDULER_SECONDS)
-        if text is not None:
-            return isl.Schedule.read_from_str(kernel.context.get_ctx(), text)
+        sched = _within(kernel, lambda: _budgeted(kernel, deps, group, whole_component),
+                        SCHEDULER_SECONDS)
+        if sched is not None:
+            return sched
         warnings.warn(PolycWarning(
             f"{kernel.name}: isl's scheduler did not finish within {SCHEDULER_SECONDS:g} s "
             f"on statements {', '.join(s.name for s in group)}; they keep the source's "
@@ -175,6 +175,16 @@ def _budgeted(kernel: Kernel, deps: Dependences, group: list[Statement],
     for p in parts[1:]:
         sched = sched.sequence(p)
     return sched
+
+
+def _within(kernel: Kernel, fn: Callable[[], isl.Schedule],
+            seconds: float) -> isl.Schedule | None:
+    """``fn()`` computed in a forked child (:func:`_time_limited`), or None past
+    ``seconds``; computed here where there is no ``fork``."""
+    if not hasattr(os, "fork"):
+        return fn()
+    text = _time_limited(lambda: fn().to_str(), seconds)
+    return None if text is None else isl.Schedule.read_from_str(kernel.context.get_ctx(), text)
 
 
 def _time_limited(fn: Callable[[], str], seconds: float) -> str | None:
@@ -259,16 +269,16 @@ def compute_schedule(kernel: Kernel, deps: Dependences, options: Options) -> isl
     if options.scheduler == "pluto":
         from .pluto import pluto_schedule
 
-        def pluto() -> str:
-            return pluto_schedule(kernel, deps, options.fusion, options.diamond).to_str()
         try:
-            text = _time_limited(pluto, SCHEDULER_SECONDS) if hasattr(os, "fork") else pluto()
+            sched = _within(kernel, lambda: pluto_schedule(kernel, deps, options.fusion,
+                                                           options.diamond),
+                            SCHEDULER_SECONDS)
         except ScheduleError as err:
             warnings.warn(PolycWarning(f"{kernel.name}: {err}; using isl's scheduler"),
                           stacklevel=3)
         else:
-            if text is not None:
-                return isl.Schedule.read_from_str(kernel.context.get_ctx(), text)
+            if sched is not None:
+                return sched
             warnings.warn(PolycWarning(
                 f"{kernel.name}: the Pluto scheduler did not finish within "
                 f"{SCHEDULER_SECONDS:g} s (its Farkas duals of large dependence "

@@ -3,6 +3,7 @@
     python3 tests/fuzz/campaign.py -n 10000 -j 2 --seed 1 --out fuzz-out/
     python3 tests/fuzz/campaign.py -n 300 --sanitize      # every case under ASan/UBSan
     python3 tests/fuzz/campaign.py -n 300 --target cuda   # the CUDA target, emulated
+    python3 tests/fuzz/campaign.py -n 300 --scheduler pluto   # the Pluto-style scheduler
 
 Cases ``seed .. seed+n-1`` are split between ``-j`` worker processes (a worker that dies,
 e.g. on a segfault in compiled code, is reported as a crash of the case it was running
@@ -57,11 +58,11 @@ def worker(seeds, out_dir, do_shrink, shrink_s):
 
 
 def campaign(n, jobs, seed, out_dir, do_shrink=True, shrink_s=90.0, quiet=False,
-             sanitize=False, target="c"):
+             sanitize=False, target="c", scheduler="isl"):
     os.makedirs(out_dir, exist_ok=True)
     cache = tempfile.mkdtemp(prefix="polyc-fuzz-cache-")
     env = dict(os.environ, POLYC_CACHE_DIR=cache, OMP_NUM_THREADS="2",
-               POLYC_FUZZ_TARGET=target)
+               POLYC_FUZZ_TARGET=target, POLYC_FUZZ_SCHEDULER=scheduler)
     if sanitize:  # every library built with ASan/UBSan; a report kills the worker (a crash)
         from polyc.codegen.toolchain import sanitizer_environment
         env = sanitizer_environment(env)
@@ -155,6 +156,8 @@ def main(argv=None):
                     help="build every case with ASan/UBSan (a report is a crash)")
     ap.add_argument("--target", choices=("c", "cuda"), default="c",
                     help="cuda: every case on the CUDA target, run by the CPU emulation")
+    ap.add_argument("--scheduler", choices=("isl", "pluto"), default="isl",
+                    help="pluto: every case with Options(scheduler='pluto')")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
@@ -162,7 +165,7 @@ def main(argv=None):
         return 0
     t0 = time.time()
     results = campaign(a.n, a.j, a.seed, a.out, not a.no_shrink, a.shrink_seconds,
-                       sanitize=a.sanitize, target=a.target)
+                       sanitize=a.sanitize, target=a.target, scheduler=a.scheduler)
     with open(os.path.join(a.out, "results.jsonl"), "w") as f:
         for r in sorted(results, key=lambda r: r["seed"]):
             f.write(json.dumps(r) + "\n")

@@ -70,6 +70,8 @@ def options_for(seed: int) -> dict:
     for name, values in (CUDA_OPTION_CYCLE if cuda else OPTION_CYCLE).items():
         out[name] = values[k % len(values)]
         k //= len(values)
+    if os.environ.get("POLYC_FUZZ_SCHEDULER", "isl") != "isl":
+        out["scheduler"] = os.environ["POLYC_FUZZ_SCHEDULER"]
     return out
 
 

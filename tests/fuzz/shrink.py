@@ -249,7 +249,8 @@ def _data_candidates(case: G.Case):
 
 def _option_candidates(case: G.Case):
     defaults = {"fusion": "smart", "tile": True, "specialize": True, "threads": 1,
-                "register_tile": True, "gpu_register_tile": True, "gpu_block": None}
+                "register_tile": True, "gpu_register_tile": True, "gpu_block": None,
+                "scheduler": "isl"}
     for k, v in case.options.items():
         if defaults.get(k, v) != v:
             yield replace(case, options={**case.options, k: defaults[k]})
