@@ -370,6 +370,8 @@ class _Pluto:
         full = umaps[0]
         for u in umaps[1:]:
             full = full.flat_range_product(u)
+        if full.is_empty():  # statements that run for no sizes of the context
+            return self._build(node, stmts, end, band_of)
         node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(full))
         node = node.band_set_permutable(1)
         for k in range(end - r):
@@ -421,6 +423,11 @@ class _Pluto:
 def _farkas(poly: isl.Set) -> list[tuple[bool, list[int], int]]:
     """The constraints of the (flattened) set of affine forms non-negative on ``poly``:
     ``(equality, coefficients over [c_cst, c_params..., c_vars...], constant)``."""
+    pieces = poly.get_basic_set_list()
+    if any(pieces.get_at(i).dim(isl.dim_type.div) for i in range(pieces.n_basic_set())):
+        # strided accesses: isl's Farkas dual takes no existentials; their rational
+        # relaxation is a superset, whose valid forms are valid here too (conservative)
+        poly = poly.remove_divs()
     flat = poly.coefficients().flatten()
     out = []
     n = flat.dim(isl.dim_type.set)
