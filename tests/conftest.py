@@ -16,6 +16,42 @@ os.environ.setdefault("POLYC_CACHE_DIR", os.path.join(os.path.dirname(os.path.di
     os.path.abspath(__file__))), ".polyc_cache"))
 
 
+def _on_gpu() -> None:
+    """``POLYC_TEST_ON_GPU=sm_90 python3 -m pytest tests/test_cuda_*.py`` on a machine
+    with a GPU: every CUDA operator the tests build for the CPU emulation is built by nvcc
+    for that architecture and run on the device instead, against the same references."""
+    if not ON_GPU:
+        return
+    import polyc
+    post_init = polyc.Options.__post_init__
+    default_arch = polyc.Options().gpu_arch
+
+    def on_device(self):
+        if self.target == "cuda":
+            object.__setattr__(self, "emulate", False)
+            if self.gpu_arch == default_arch:
+                object.__setattr__(self, "gpu_arch", ON_GPU)
+        post_init(self)
+    polyc.Options.__post_init__ = on_device
+
+
+#: the architecture the CUDA tests run on (``POLYC_TEST_ON_GPU``), or "" for the emulation
+_ARCH = os.environ.get("POLYC_TEST_ON_GPU", "")
+ON_GPU = "" if _ARCH in ("", "0") else _ARCH if _ARCH.startswith("sm_") else "sm_90"
+_on_gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a GPU, tests of the emulation's own checks (thread orders, its sanitizers, its
+    device-pointer registry) are skipped: the device behaves as the hardware does."""
+    if not ON_GPU:
+        return
+    skip = pytest.mark.skip(reason="a check of the CPU emulation itself (POLYC_TEST_ON_GPU)")
+    for item in items:
+        if item.get_closest_marker("emulation_only"):
+            item.add_marker(skip)
+
+
 def pytest_configure(config):
     """``POLYC_SANITIZE=1 python3 -m pytest ...`` builds every library with ASan/UBSan
     (Options reads it); such libraries load only into a process whose first library is

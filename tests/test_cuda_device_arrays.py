@@ -112,6 +112,7 @@ def test_device_outputs_checked(rng):
         fn([dA], outputs=[np.zeros((4, 4), np.float32)])
 
 
+@pytest.mark.emulation_only
 def test_host_pointer_posing_as_device_array_is_caught_at_the_launch(rng):
     A = rng.standard_normal((4, 4), dtype=np.float32)
     op = emu(RELU)

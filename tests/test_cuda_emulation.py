@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import random_inputs
+from conftest import ON_GPU, random_inputs
 from test_e2e_numpy import CASES
 
 import polyc
@@ -41,8 +41,11 @@ def _as_tuple(x):
 
 
 def run_both_orders(op, inputs):
-    """The operator's outputs with threads run forward, then in reverse."""
+    """The operator's outputs with threads run forward, then in reverse (on a GPU, with
+    ``POLYC_TEST_ON_GPU``: the device's order, twice)."""
     fwd = _as_tuple(op(*inputs))
+    if ON_GPU:
+        return fwd, _as_tuple(op(*inputs))
     fn = op.compiled_for(bind_sizes(op.kernel, inputs)).function
     fn.set_thread_order("reverse")
     try:
@@ -152,6 +155,7 @@ def _built(op, inputs, text):
     return CudaFunction(c.scheduled.kernel, path, c.source.function_name, c.source, True)
 
 
+@pytest.mark.emulation_only
 def test_missing_barrier_is_caught():
     op = polyc.define(CASES["matmul"][0], **EMULATED)
     A, B = random_inputs([((70, 37), "float32"), ((37, 130), "float32")], 2)
@@ -172,6 +176,7 @@ def test_missing_barrier_is_caught():
     np.testing.assert_allclose(good, A @ B, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.emulation_only
 def test_divergent_barrier_and_host_pointer_are_reported():
     op = polyc.define(CASES["matmul"][0], **EMULATED)
     A, B = random_inputs([((70, 37), "float32"), ((37, 130), "float32")], 2)
@@ -189,6 +194,7 @@ def test_divergent_barrier_and_host_pointer_are_reported():
         _built(op, [A, B], host)([A, B])
 
 
+@pytest.mark.emulation_only
 def test_launch_limits_are_checked():
     op = polyc.define(CASES["matmul"][0], **EMULATED)
     A, B = random_inputs([((7, 5), "float32"), ((5, 3), "float32")])
@@ -209,7 +215,7 @@ _CHILD = """
 import sys
 sys.path.insert(0, {tests!r})
 import numpy as np, polyc
-from conftest import random_inputs
+from conftest import ON_GPU, random_inputs
 from test_e2e_numpy import CASES
 from test_cuda_emulation import _built
 op = polyc.define(CASES["matmul"][0], target="cuda", emulate=True, sanitize=True)
@@ -233,6 +239,7 @@ if edit:
     (("polyc_shared_B[polyc_r0][polyc_r1] =", "polyc_shared_B[polyc_r0][polyc_r1 + 1] ="),
      "out of bounds for type"),
 ], ids=["clean", "global-off-by-one", "shared-off-by-one"])
+@pytest.mark.emulation_only
 def test_sanitizers_catch_off_by_one(edit, report):
     env = dict(os.environ, LD_PRELOAD=_asan_runtime(),
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",

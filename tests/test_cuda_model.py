@@ -13,6 +13,8 @@ import shutil
 import numpy as np
 import pytest
 
+from conftest import ON_GPU
+
 import polyc
 from polyc import model as pm
 from polyc.codegen.nvcc import build_cuda, parse_ptxas
@@ -40,6 +42,8 @@ def _feeds(path_or_bytes, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _set_order(m, order: int) -> None:
+    if ON_GPU:  # the device's own order (POLYC_TEST_ON_GPU)
+        return
     fn = load_library(m._library.path).polyc_emu_set_order
     fn.argtypes, fn.restype = [ctypes.c_int], None
     fn(order)
@@ -105,6 +109,7 @@ def test_gather_index_checks():
                                   sess.run(None, {"idx": idx})[0])
 
 
+@pytest.mark.emulation_only
 def test_run_device_refuses_host_pointers():
     """``<m>_run_device`` takes device pointers; the emulation reports host ones."""
     m = polyc.compile_onnx(_path("mlp"), target="cuda", emulate=True)
@@ -204,7 +209,8 @@ def test_whole_model_gpu_report():
     assert all(k.occupancy is not None and k.occupancy.fraction > 0 for k in kernels)
     assert all(a.coalescing for k in kernels for a in k.accesses)
     text = str(report)
-    assert text.startswith(f"GPU report: model {m.name} for sm_80")
+    arch = polyc.Options(target="cuda").gpu_arch
+    assert text.startswith(f"GPU report: model {m.name} for {arch}")
     assert "global accesses coalesced or broadcast" in text and "occupancy: lowest" in text
     assert text.count("\noperator ") == len(report.operators)
     with pytest.raises(polyc.CompileError, match="C target"):

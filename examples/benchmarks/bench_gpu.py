@@ -54,10 +54,10 @@ def conv(float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
 CONV_LAYERS = [(64, 56), (128, 28), (256, 14), (512, 7)]
 
 
-def probe() -> str | None:
+def probe(arch: str) -> str | None:
     """None when a GPU is usable; else why not (the wrapper's message)."""
     try:
-        op = polyc.define(MATMUL, target="cuda")
+        op = polyc.define(MATMUL, target="cuda", gpu_arch=arch)
         a = np.ones((2, 2), np.float32)
         op(a, a)
     except CallError as err:
@@ -121,8 +121,70 @@ def gpu_library():
         return None
 
 
-def bench_gemm(sizes: list[int], repeat: int, lib) -> None:
-    op = polyc.define(MATMUL, target="cuda", specialize=True)
+def device_time(fn, repeat: int) -> float:
+    """Median seconds of ``fn()`` on device-resident arrays (cupy: synchronised)."""
+    import cupy as cp
+
+    def synced():
+        fn()
+        cp.cuda.Device().synchronize()
+    return median_time(synced, repeat)
+
+
+def bench_gemm_on_device(sizes: list[int], repeat: int, arch: str) -> None:
+    """Both sides on device-resident arrays: polyc's ``<op>_device`` entry reads cupy's
+    arrays through ``__cuda_array_interface__``, no copies are timed."""
+    try:
+        import cupy as cp
+    except ImportError:
+        print("GEMM on device arrays: cupy is not importable: skipped")
+        return
+    op = polyc.define(MATMUL, target="cuda", specialize=True, gpu_arch=arch)
+    rng = np.random.default_rng(1)
+    print("GEMM float32, device-resident arrays (no copies on either side)")
+    for n in sizes:
+        a = cp.asarray(rng.standard_normal((n, n), dtype=np.float32))
+        b = cp.asarray(rng.standard_normal((n, n), dtype=np.float32))
+        ours = device_time(lambda a=a, b=b: op(a, b), repeat)
+        theirs = device_time(lambda a=a, b=b: a @ b, repeat)
+        c = op(a, b).numpy()
+        ref = np.asarray(cp.asnumpy(a), np.float64) @ np.asarray(cp.asnumpy(b), np.float64)
+        err = float(np.linalg.norm(c - ref) / np.linalg.norm(ref))
+        print(f"  {n:5d}: polyc {ours * 1e3:9.3f} ms ({2 * n**3 / ours / 1e9:8.1f} GFLOP/s) | "
+              f"cuBLAS {theirs * 1e3:9.3f} ms ({2 * n**3 / theirs / 1e9:8.1f} GFLOP/s); "
+              f"polyc speed / cuBLAS speed {theirs / ours:5.2f}; rel. error vs float64 "
+              f"{err:.1e}", flush=True)
+
+
+#: (gpu_block, gpu_register_tile) points of ``--sweep``: the default first
+SWEEP = [(None, True), ((32, 8), (2, 4)), ((32, 8), (4, 4)), ((32, 8), (4, 8)),
+         ((16, 16), (4, 4)), ((16, 16), (8, 8)), ((32, 4), (4, 8)), ((16, 8), (8, 8)),
+         ((32, 8), (4, 16)), ((64, 4), (2, 8))]
+
+
+def sweep_gemm(n: int, repeat: int, arch: str) -> None:
+    """GEMM at one size over block shapes and register tiles, device-resident arrays."""
+    import cupy as cp
+    rng = np.random.default_rng(2)
+    a = cp.asarray(rng.standard_normal((n, n), dtype=np.float32))
+    b = cp.asarray(rng.standard_normal((n, n), dtype=np.float32))
+    ref = cp.asnumpy(a).astype(np.float64) @ cp.asnumpy(b).astype(np.float64)
+    theirs = device_time(lambda: a @ b, repeat)
+    print(f"GEMM {n} sweep, device arrays; cuBLAS {2 * n**3 / theirs / 1e9:.0f} GFLOP/s")
+    for block, points in SWEEP:
+        try:
+            op = polyc.define(MATMUL, target="cuda", specialize=True, gpu_arch=arch,
+                              gpu_block=block, gpu_register_tile=points)
+            ours = device_time(lambda op=op: op(a, b), repeat)
+            err = float(np.linalg.norm(op(a, b).numpy() - ref) / np.linalg.norm(ref))
+            print(f"  block {block!s:9} points {points!s:8}: {2 * n**3 / ours / 1e9:8.0f} "
+                  f"GFLOP/s, {theirs / ours:5.2f} of cuBLAS; rel. error {err:.1e}", flush=True)
+        except (polyc.CompileError, CallError, ToolchainError) as err:
+            print(f"  block {block!s:9} points {points!s:8}: {str(err).splitlines()[0]}")
+
+
+def bench_gemm(sizes: list[int], repeat: int, lib, arch: str) -> None:
+    op = polyc.define(MATMUL, target="cuda", specialize=True, gpu_arch=arch)
     rng = np.random.default_rng(0)
     print("GEMM float32 (host arrays in and out on both sides)")
     for n in sizes:
@@ -139,8 +201,8 @@ def bench_gemm(sizes: list[int], repeat: int, lib) -> None:
         print(line, flush=True)
 
 
-def bench_conv(repeat: int, lib) -> None:
-    op = polyc.define(CONV, target="cuda", specialize=True)
+def bench_conv(repeat: int, lib, arch: str) -> None:
+    op = polyc.define(CONV, target="cuda", specialize=True, gpu_arch=arch)
     rng = np.random.default_rng(0)
     print("ResNet-50 3x3 convolutions, stride 1, batch 1 (host arrays in and out)")
     for c, h in CONV_LAYERS:
@@ -156,7 +218,7 @@ def bench_conv(repeat: int, lib) -> None:
         print(line, flush=True)
 
 
-def bench_model(path: str, repeat: int) -> None:
+def bench_model(path: str, repeat: int, arch: str) -> None:
     try:
         import onnxruntime as ort
     except ImportError:
@@ -166,7 +228,7 @@ def bench_model(path: str, repeat: int) -> None:
         print(f"model: onnxruntime has no CUDA provider ({ort.get_available_providers()}): "
               "skipped")
         return
-    model = polyc.compile_onnx(path, target="cuda")
+    model = polyc.compile_onnx(path, options=polyc.Options(target="cuda", gpu_arch=arch))
     sess = ort.InferenceSession(path, providers=["CUDAExecutionProvider"])
     feeds = {i.name: np.random.default_rng(0).standard_normal(
         [d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
@@ -185,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", default="sm_80", help="the SM architecture (default sm_80)")
     p.add_argument("--sizes", default="1024,2048,4096,8192", help="GEMM sizes")
     p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--sweep", type=int, metavar="N",
+                   help="only: GEMM at N over block shapes and register tiles (cupy)")
     p.add_argument("--model", default=os.path.join(ROOT, "examples", "small_cnn.onnx"))
     args = p.parse_args(argv)
     if args.report:
@@ -194,19 +258,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_gpu: the report needs nvcc for ptxas's figures: "
                   f"{str(err).splitlines()[0]}")
         return 0
-    why = probe()
+    why = probe(args.arch)
     if why is not None:
         print(f"bench_gpu: no GPU benchmark on this machine: {why}")
         print("bench_gpu: nothing was timed; `--report` prints the static GPU report, "
               "which needs no GPU")
         return 0
+    if args.sweep:
+        sweep_gemm(args.sweep, args.repeat, args.arch)
+        return 0
     lib = gpu_library()
     if lib is None:
         print("bench_gpu: neither cupy nor torch (with CUDA) is importable: polyc's "
               "figures only, no cuBLAS/cuDNN comparison")
-    bench_gemm([int(s) for s in args.sizes.split(",")], args.repeat, lib)
-    bench_conv(args.repeat, lib)
-    bench_model(args.model, args.repeat)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    bench_gemm_on_device(sizes, args.repeat, args.arch)
+    bench_gemm(sizes, args.repeat, lib, args.arch)
+    bench_conv(args.repeat, lib, args.arch)
+    bench_model(args.model, args.repeat, args.arch)
     return 0
 
 

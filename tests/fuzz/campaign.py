@@ -3,6 +3,7 @@
     python3 tests/fuzz/campaign.py -n 10000 -j 2 --seed 1 --out fuzz-out/
     python3 tests/fuzz/campaign.py -n 300 --sanitize      # every case under ASan/UBSan
     python3 tests/fuzz/campaign.py -n 300 --target cuda   # the CUDA target, emulated
+    POLYC_TEST_ON_GPU=sm_90 python3 tests/fuzz/campaign.py --target cuda   # on a real GPU
     python3 tests/fuzz/campaign.py -n 300 --scheduler pluto   # the Pluto-style scheduler
 
 Cases ``seed .. seed+n-1`` are split between ``-j`` worker processes (a worker that dies,

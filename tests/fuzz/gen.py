@@ -65,8 +65,11 @@ def options_for(seed: int) -> dict:
     """A point of the option grid (cycled so that every value is hit often)."""
     out, k = {}, seed
     cuda = os.environ.get("POLYC_FUZZ_TARGET") == "cuda"
-    if cuda:
-        out = {"target": "cuda", "emulate": True}
+    if cuda:  # POLYC_TEST_ON_GPU=sm_90: nvcc and the device instead of the emulation
+        arch = os.environ.get("POLYC_TEST_ON_GPU", "")
+        out = {"target": "cuda", "emulate": arch in ("", "0")}
+        if arch not in ("", "0"):
+            out["gpu_arch"] = arch
     for name, values in (CUDA_OPTION_CYCLE if cuda else OPTION_CYCLE).items():
         out[name] = values[k % len(values)]
         k //= len(values)
