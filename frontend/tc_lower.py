@@ -30,6 +30,7 @@ import islpy as isl
 from polyc import expr as E
 from polyc.errors import RangeInferenceError, SemanticError
 from polyc.ir import Access, Array, Kernel, Statement, make_domain, params_prefix
+from polyc.ir import reduction_identity as identity
 
 from . import tc_parser as P
 from . import tc_ranges as R
@@ -46,18 +47,6 @@ class Tensor:
     shape: tuple[E.Expr, ...] | None
     role: str
     span: P.Span
-
-
-def identity(op: str, dtype: str) -> E.Const:
-    """The identity of reduction ``op`` in ``dtype`` (the value a ``!`` form starts from)."""
-    if dtype == "bool":
-        return E.Const(op in ("*", "min"), dtype)
-    if dtype in E.FLOAT_DTYPES:
-        values = {"+": 0.0, "*": 1.0, "max": float("-inf"), "min": float("inf")}
-        return E.Const(values[op], dtype)
-    bits = 32 if dtype == "int32" else 64
-    values_i = {"+": 0, "*": 1, "max": -(2 ** (bits - 1)), "min": 2 ** (bits - 1) - 1}
-    return E.Const(values_i[op], dtype)
 
 
 class DefLowering:

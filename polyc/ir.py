@@ -30,6 +30,18 @@ REDUCTION_OPS = ("+", "*", "max", "min")
 ASSIGN = "="
 
 
+def reduction_identity(op: str, dtype: str) -> E.Const:
+    """The identity of reduction ``op`` in ``dtype`` (the value a ``!`` form starts from)."""
+    if dtype == "bool":
+        return E.Const(op in ("*", "min"), dtype)
+    if dtype in E.FLOAT_DTYPES:
+        values = {"+": 0.0, "*": 1.0, "max": float("-inf"), "min": float("inf")}
+        return E.Const(values[op], dtype)
+    bits = 32 if dtype == "int32" else 64
+    values_i = {"+": 0, "*": 1, "max": -(2 ** (bits - 1)), "min": 2 ** (bits - 1) - 1}
+    return E.Const(values_i[op], dtype)
+
+
 @dataclass(frozen=True)
 class Array:
     """A tensor: ``name`` (a C identifier), ``dtype`` and ``shape`` (affine in sizes).

@@ -130,7 +130,11 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     check.check_accesses_in_bounds(kernel)
     deps = stage("deps", compute_dependences(kernel), Dependences.dump)
     if options.schedule is not None:
-        sched = stage("schedule", user_schedule(kernel, options.schedule))
+        rewritten, sched = user_schedule(kernel, options.schedule)
+        if rewritten is not kernel:  # the workbench's statement and array rewrites
+            kernel = stage("rewritten", rewritten, show_kernel)
+            deps = stage("deps", compute_dependences(kernel), Dependences.dump)
+        sched = stage("schedule", sched)
         check.check_schedule(kernel, deps, sched)
         return Scheduled(kernel, deps, sched)
     plain = stage("schedule", compute_schedule(kernel, deps, options))
@@ -205,17 +209,19 @@ def _compile_cuda(kernel: Kernel, options: Options, build: bool) -> Compiled:
     return Compiled(scheduled, source, fn, gpu, options)
 
 
-def user_schedule(kernel: Kernel, text: str) -> isl.Schedule:
+def user_schedule(kernel: Kernel, text: str) -> tuple[Kernel, isl.Schedule]:
     """A schedule given by the user: an isl union map ``{ S0[i,j] -> [...]; ... }``, a
     schedule tree in isl's YAML-like syntax, or a saved polyc schedule (the steps of a
     :class:`polyc.schedule.space.ScheduleSpace`, replayed on ``kernel``). It is used as
-    written (no tiling or marks added)."""
+    written (no tiling or marks added). Returns the kernel it schedules: ``kernel``, or
+    the kernel a saved schedule's rewrites (``cache_read``, ``rfactor``...) made of it."""
     if text.lstrip().startswith("{") and '"format"' in text and '"steps"' in text:
         from .schedule.space import ScheduleSpace, ScheduleTrace
-        return ScheduleSpace.default(kernel).replay(ScheduleTrace.from_json(text)).tree()
+        space = ScheduleSpace.default(kernel).replay(ScheduleTrace.from_json(text))
+        return space.kernel, space.tree()
     try:
         if text.lstrip().startswith("{ domain") or "child:" in text:
-            return isl.Schedule.read_from_str(isl.DEFAULT_CONTEXT, text)
+            return kernel, isl.Schedule.read_from_str(isl.DEFAULT_CONTEXT, text)
         umap = isl.UnionMap.read_from_str(isl.DEFAULT_CONTEXT, text)
     except isl.Error as e:
         raise ScheduleError(f"cannot read the schedule {text!r}: {e}") from None
@@ -229,4 +235,4 @@ def user_schedule(kernel: Kernel, text: str) -> isl.Schedule:
     except isl.Error as e:
         raise CompileError(f"the schedule must map every statement to time vectors of one "
                            f"length: {e}") from None
-    return isl.Schedule.from_domain(dom).insert_partial_schedule(mupa)
+    return kernel, isl.Schedule.from_domain(dom).insert_partial_schedule(mupa)

@@ -287,6 +287,8 @@ class ScheduleSpace:
             part = m.project_out(isl.dim_type.out, d + 1, n - d - 1).project_out(
                 isl.dim_type.out, 0, d)
             umap = umap.union(isl.UnionMap.from_map(part))
+        if umap.is_empty():  # statements with no instance for these sizes (a peeled piece)
+            return node
         mupa = isl.MultiUnionPwAff.from_union_map(umap)
         node = node.insert_partial_schedule(mupa)
         marks = sorted({m for s in stmts for (st, loop, m) in self.marks
@@ -642,6 +644,246 @@ class ScheduleSpace:
             raise ScheduleError(f"{step} is illegal: {err}") from None
         return replace(s, steps=self.steps + (step,), hints=self.hints)
 
+    # -- primitives that rewrite the kernel (polyc.rewrite) ------------------------------
+
+    def _rewritten(self, kernel: Kernel, rows: Mapping[str, Sequence[Dim]], step: Step,
+                   marks: Iterable[tuple[str, str, str]] = ()) -> ScheduleSpace:
+        """The space of the rewritten ``kernel``: each statement keeps its row unless
+        ``rows`` gives one; its dependences are computed again, and the result checked."""
+        names = {s.name for s in kernel.statements}
+        table = dict(self.dims)
+        dims = tuple((s.name, tuple(rows[s.name]) if s.name in rows else table[s.name])
+                     for s in kernel.statements)
+        kept = frozenset(m for m in self.marks if m[0] in names) | frozenset(marks)
+        space = replace(self, kernel=kernel, deps=compute_dependences(kernel),
+                        dims=_pad(dims), marks=kept, steps=self.steps + (step,))
+        return self._checked(space, step)
+
+    def _around(self, stmt: str, kernel: Kernel, before: Sequence[str] = (),
+                after: Sequence[str] = ()) -> dict[str, tuple[Dim, ...]]:
+        """Rows placing the new statements ``before`` and ``after`` the top-level nest of
+        ``stmt`` (each a nest of its own over its iterators); the others keep their
+        order (top positions renumbered: ``p`` becomes ``3p + 1``)."""
+        rows: dict[str, tuple[Dim, ...]] = {}
+        for name, row in self.dims:
+            if row[0].loop:
+                raise ScheduleError(f"{name} has no sequence position at the top of its "
+                                    "schedule")
+            rows[name] = (Dim("", str(3 * int(row[0].expr) + 1), False),) + row[1:]
+        mine = int(self._row(stmt)[0].expr)
+        for names, at in ((before, 3 * mine), (after, 3 * mine + 2)):
+            for name in names:
+                its = kernel.statement(name).iterators
+                rows[name] = (Dim("", str(at), False),) + tuple(Dim(i, i) for i in its)
+        return rows
+
+    def split_index_set(self, stmt: str, loop: str, at: int | str) -> ScheduleSpace:
+        """Index-set splitting: the instances of ``stmt`` whose loop ``loop`` is at least
+        ``at`` (an integer, or an affine expression of the sizes such as ``"floor(N/2)"``)
+        become a new statement ``<stmt>_1`` sharing ``stmt``'s loops, after it; schedule
+        the two pieces separately from then on (``distribute``, ``tile``...)."""
+        from ..rewrite import split_statement
+        step = Step("split_index_set", (stmt, loop, at))
+        expr = self._row(stmt)[self._position(stmt, loop)].expr
+        try:
+            kernel, piece = split_statement(self.kernel, stmt, f"({expr}) >= ({at})",
+                                            f"{loop} >= {at}")
+        except ScheduleError as err:
+            raise ScheduleError(f"{step}: {err}") from None
+        return self._pieces(kernel, stmt, piece, step)
+
+    def peel(self, stmt: str, loop: str, front: int = 1, back: int = 0) -> ScheduleSpace:
+        """Peel the first ``front`` (or the last ``back``) iterations of loop ``loop`` of
+        ``stmt`` -- for each iteration of the loops outside it -- into a new statement
+        ``<stmt>_1`` (one of ``front`` and ``back`` is non-zero; peel twice for both)."""
+        from ..rewrite import split_statement
+        step = Step("peel", (stmt, loop, front, back))
+        if (front > 0) == (back > 0) or min(front, back) < 0:
+            raise ScheduleError(f"{step}: peel a positive number of iterations at the front "
+                                "or at the back (peel twice for both)")
+        row = self._row(stmt)
+        d = self._position(stmt, loop)
+        s = self.kernel.statement(stmt)
+        head = f"{params_prefix(self.kernel.sizes)}{{ {stmt}[{', '.join(s.iterators)}] -> "
+        outer = isl.Map(head + f"[{', '.join(x.expr for x in row[:d] if x.loop)}] }}") \
+            .intersect_domain(s.domain)
+        value = isl.Map(head + f"[{row[d].expr}] }}").intersect_domain(s.domain)
+        values = outer.reverse().apply_range(value)  # outer loops -> the loop's values
+        bound = values.lexmin() if front else values.lexmax()
+        n = front or back
+        near = isl.Map(f"{{ [a] -> [b] : b < a + {n} }}" if front
+                       else f"{{ [a] -> [b] : b > a - {n} }}")
+        pairs = outer.apply_range(bound).range_product(value)
+        peeled = pairs.intersect_range(near.wrap()).domain()
+        try:
+            which = f"the first {front}" if front else f"the last {back}"
+            kernel, piece = split_statement(self.kernel, stmt, peeled,
+                                            f"{which} of {loop}")
+        except ScheduleError as err:
+            raise ScheduleError(f"{step}: {err}") from None
+        return self._pieces(kernel, stmt, piece, step)
+
+    def _pieces(self, kernel: Kernel, stmt: str, piece: str, step: Step) -> ScheduleSpace:
+        row = self._row(stmt)
+        rows = {stmt: row + (Dim("", "0", False),), piece: row + (Dim("", "1", False),)}
+        marks = {(piece, loop, m) for (s, loop, m) in self.marks if s == stmt}
+        return self._rewritten(kernel, rows, step, marks)
+
+    def compute_inline(self, stmt: str) -> ScheduleSpace:
+        """Substitute ``stmt`` (a pointwise statement writing a temporary) into every
+        statement that reads its array, and drop it (its values are recomputed where
+        they are used: nothing is stored)."""
+        from ..rewrite import inline_statement
+        step = Step("compute_inline", (stmt,))
+        self._row(stmt)
+        return self._rewritten(inline_statement(self.kernel, stmt), {}, step)
+
+    def layout(self, array: str, order: Sequence[int]) -> ScheduleSpace:
+        """Store the temporary ``array`` with its dimensions permuted: dimension
+        ``order[0]`` outermost (``layout("T", (1, 0))`` transposes it)."""
+        from ..rewrite import relayout
+        step = Step("layout", (array, tuple(order)))
+        self._array(array, step)
+        return self._rewritten(relayout(self.kernel, array, tuple(order)), {}, step)
+
+    def cache_read(self, stmt: str, array: str, order: Sequence[int] | None = None
+                   ) -> ScheduleSpace:
+        """Copy the elements of ``array`` that ``stmt`` reads into a new temporary
+        ``<array>_local`` (statement ``<stmt>_1``, a nest of its own just before ``stmt``'s)
+        and let ``stmt`` read the copy; ``order`` stores the copy with its dimensions
+        permuted (packing). Move the copy with ``compute_at``."""
+        from ..rewrite import cache_read
+        step = Step("cache_read", (stmt, array) + ((tuple(order),) if order is not None
+                                                   else ()))
+        self._row(stmt)
+        self._array(array, step)
+        kernel, copy, _ = cache_read(self.kernel, stmt, array,
+                                     tuple(order) if order is not None else None)
+        return self._rewritten(kernel, self._around(stmt, kernel, before=[copy]), step)
+
+    def cache_write(self, stmt: str) -> ScheduleSpace:
+        """Let ``stmt`` (and its initialisation just before it) write a new temporary
+        ``<array>_local`` instead of its array, copied out by a new statement
+        ``<stmt>_1`` in a nest of its own just after ``stmt``'s."""
+        from ..rewrite import cache_write
+        step = Step("cache_write", (stmt,))
+        self._row(stmt)
+        kernel, copy, _ = cache_write(self.kernel, stmt)
+        return self._rewritten(kernel, self._around(stmt, kernel, after=[copy]), step)
+
+    def rfactor(self, stmt: str, loop: str, factor: int) -> ScheduleSpace:
+        """Factor the reduction ``stmt`` over its reduction loop ``loop`` into ``factor``
+        partial results ``<array>_rf[..., loop mod factor]`` (initialised by ``<stmt>_1``
+        before it, combined by ``<stmt>_2`` after it): iterations of ``loop`` closer than
+        ``factor`` then update different elements, so its inner loop after
+        ``split(stmt, loop, factor)`` vectorizes or runs in parallel."""
+        from ..rewrite import rfactor
+        step = Step("rfactor", (stmt, loop, factor))
+        self._row(stmt)
+        try:
+            kernel, (init, final), _ = rfactor(self.kernel, stmt, loop, factor)
+        except ScheduleError as err:
+            raise ScheduleError(str(err)) from None
+        return self._rewritten(kernel, self._around(stmt, kernel, [init], [final]), step)
+
+    def _array(self, array: str, step: Step) -> None:
+        if array not in {a.name for a in self.kernel.arrays}:
+            raise ScheduleError(f"{step}: {self.kernel.name} has no array {array!r} (arrays: "
+                                f"{', '.join(a.name for a in self.kernel.arrays)})")
+
+    # -- placing one statement's instances in another's loops -----------------------------
+
+    def compute_at(self, stmt: str, target: str, loop: str) -> ScheduleSpace:
+        """Run each instance of ``stmt`` (a producer) inside ``target``'s loop ``loop``, at
+        the first iteration of ``target``'s loops down to ``loop`` that reads what it
+        writes, before ``target``'s body there. Nothing is recomputed; every instance of
+        ``stmt`` must be read by ``target``."""
+        return self._place(Step("compute_at", (stmt, target, loop)), first=True)
+
+    def reverse_compute_at(self, stmt: str, target: str, loop: str) -> ScheduleSpace:
+        """Run each instance of ``stmt`` (a consumer) inside ``target``'s loop ``loop``, at
+        the last iteration of ``target``'s loops down to ``loop`` that writes what it
+        reads, after ``target``'s body there."""
+        return self._place(Step("reverse_compute_at", (stmt, target, loop)), first=False)
+
+    def _place(self, step: Step, first: bool) -> ScheduleSpace:
+        stmt, target, loop = step.args
+        if stmt == target:
+            raise ScheduleError(f"{step}: name two different statements")
+        row, trow = self._row(stmt), self._row(target)
+        d = self._position(target, loop)
+        s, t = self.kernel.statement(stmt), self.kernel.statement(target)
+        producer, consumer = (s, t) if first else (t, s)
+        arrays = {producer.write.array} & {r.array for r in consumer.reads}
+        if not arrays:
+            raise ScheduleError(f"{step}: {consumer.name} reads nothing {producer.name} "
+                                "writes")
+        ctx = self.kernel.context
+        (array,) = arrays
+        reads = isl.UnionMap.empty(ctx.get_space())
+        for r in consumer.reads:
+            if r.array == array:
+                reads = reads.union(isl.UnionMap.from_map(r.relation(consumer.domain)))
+        writes = isl.UnionMap.from_map(producer.write.relation(producer.domain))
+        # stmt's instance -> the target's instances it is tied to
+        tied = (writes.apply_range(reads.reverse()) if first
+                else reads.apply_range(writes.reverse())).intersect_params(ctx)
+        loops = [x for x in trow[:d + 1] if x.loop]
+        head = f"{params_prefix(self.kernel.sizes)}{{ {target}[{', '.join(t.iterators)}] -> "
+        times = isl.UnionMap.from_map(isl.Map(head + f"[{', '.join(x.expr for x in loops)}] }}")
+                                      .intersect_domain(t.domain))
+        at = tied.apply_range(times)
+        mine = isl.UnionSet.from_set(s.domain).intersect_params(ctx)
+        if not mine.is_subset(at.domain()):
+            left = mine.subtract(at.domain()).sample_point()
+            why = "writes nothing it reads" if first else "reads nothing it writes"
+            raise ScheduleError(f"{step}: {left} is tied to no instance of {target} (it "
+                                f"{why})")
+        chosen = at.lexmin() if first else at.lexmax()
+        exprs = _affine_texts(chosen, stmt, len(loops))
+        if exprs is None:
+            raise ScheduleError(f"{step}: the iteration of {target}'s loops where each "
+                                f"instance of {stmt} belongs is not one affine function of "
+                                f"its iterators ({chosen}); place it at an outer loop")
+        own = [x for x in row if x.loop and x.name]
+        taken = {x.name for x in trow[:d + 1] if x.loop}
+        texts = iter(exprs)
+        new_row = [Dim(x.name, next(texts)) if x.loop else x for x in trow[:d + 1]]
+        new_row.append(Dim("", "0" if first else "1", False))
+        new_row += [Dim(_fresh(x.name, taken), x.expr) for x in own]
+        rows = {stmt: tuple(new_row)}
+        for g in self._sharing(target, d):
+            if g != stmt:
+                grow = self._row(g)
+                rows[g] = grow[:d + 1] + (Dim("", "1" if first else "0", False),) + grow[d + 1:]
+        marks = {m for m in self.marks if m[0] != stmt}
+        space = replace(self, marks=frozenset(marks))
+        dims = tuple((name, rows.get(name, r)) for name, r in self.dims)
+        return self._checked(replace(space, dims=_pad(dims), steps=self.steps + (step,)), step)
+
+    def decompose_reduction(self, stmt: str, loop: str) -> ScheduleSpace:
+        """Place the initialisation of the reduction ``stmt`` (the statement just before
+        it that sets its array to the identity: TC's ``!`` forms) just above ``stmt``'s
+        loop ``loop``: inside the loops outside ``loop``, before them (in a nest of its
+        own just before ``stmt``'s when ``loop`` is outermost)."""
+        step = Step("decompose_reduction", (stmt, loop))
+        k = self._position(stmt, loop)
+        s = self.kernel.statement(stmt)
+        i = self.kernel.statements.index(s)
+        init = self.kernel.statements[i - 1] if i else None
+        if not s.is_reduction or init is None or init.kind != "init" \
+                or init.write.array != s.write.array:
+            raise ScheduleError(f"{step}: {stmt} is not a reduction initialised by the "
+                                "statement just before it")
+        outer = [x for x in self._row(stmt)[:k] if x.loop and x.name]
+        if outer:
+            placed = replace(self, hints=False).compute_at(init.name, stmt, outer[-1].name)
+        else:
+            rows = self._around(stmt, self.kernel, before=[init.name])
+            dims = tuple((name, rows[name]) for name, _ in self.dims)
+            placed = self._checked(replace(self, dims=_pad(dims)), step)
+        return replace(placed, steps=self.steps + (step,), hints=self.hints)
+
     def _mark(self, stmt: str, loop: str, mark: str, step: Step | None = None
               ) -> ScheduleSpace:
         step = step or Step(mark, (stmt, loop))
@@ -695,7 +937,8 @@ class ScheduleSpace:
         s = self.kernel.statement(name)
         w = E.show(E.Read(s.write.array, s.write.indices))
         op = "=" if s.op == "=" else f"{s.op}="
-        return f"{name}: {w} {op} {E.show(s.value)}"
+        piece = s.origin.rpartition("piece: ")[2] if "piece: " in s.origin else ""
+        return f"{name}: {w} {op} {E.show(s.value)}" + (f"   ({piece})" if piece else "")
 
     def __repr__(self) -> str:
         return f"<ScheduleSpace of {self.kernel.name}: {len(self.steps)} steps>"
@@ -732,7 +975,34 @@ class ScheduleSpace:
 
 #: the primitives a trace may name
 PRIMITIVES = ("tile", "split", "reorder", "interchange", "skew", "shift", "reverse", "fuse",
-              "distribute", "parallel", "vectorize", "unroll", "unroll_and_jam")
+              "distribute", "parallel", "vectorize", "unroll", "unroll_and_jam",
+              "split_index_set", "peel", "compute_inline", "layout", "cache_read",
+              "cache_write", "rfactor", "compute_at", "reverse_compute_at",
+              "decompose_reduction")
+
+
+def _affine_texts(chosen: isl.UnionMap, stmt: str, n: int) -> list[str] | None:
+    """The ``n`` outputs of the single-valued ``{ stmt[x] -> [t...] }`` as affine isl
+    expressions of ``x`` (None when one is piecewise)."""
+    if chosen.n_map() != 1:
+        return None
+    m = isl.Map.from_union_map(chosen)
+    if m.get_tuple_name(isl.dim_type.in_) != stmt:
+        return None
+    pma = isl.PwMultiAff.from_map(m)
+    if pma.n_piece() != 1:
+        return None
+    out = []
+    for i in range(n):
+        pieces = pma.get_pw_aff(i).get_pieces()
+        if len(pieces) != 1:
+            return None
+        text = str(pieces[0][1])  # [N] -> { S0[i, j] -> [(i + j)] }
+        start, end = text.find("-> [(", text.find("{")), text.rfind(")]")
+        if start < 0 or end < 0:
+            return None
+        out.append(text[start + 5:end])
+    return out
 
 
 def _fresh(name: str, taken: set[str]) -> str:

@@ -1,0 +1,194 @@
+"""The schedule workbench's primitives that rewrite statements and arrays (issue 11,
+part 1; :mod:`polyc.rewrite`): index-set split and peel, compute_inline, layout,
+cache_read / cache_write (packing), rfactor, compute_at / reverse_compute_at and
+decompose_reduction. Per primitive: a legal use gives the numpy result on odd sizes (and
+on other sizes through the trace); an illegal use is refused naming what fails or the
+dependence it breaks. Save, load and replay give the same C.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from conftest import random_inputs
+
+import polyc
+from polyc.errors import ScheduleError
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples", "benchmarks"))
+from scop_kernels import GEMM, JACOBI_1D  # noqa: E402
+from test_scop import run_jacobi_1d  # noqa: E402
+
+#: a scaled copy of A (a temporary) feeding a matmul
+SCALED_MM = """
+def smm(float(M,K) A, float(K,N) B) -> (C) {
+    T(m,k) = A(m,k) * 2.0
+    C(m,n) +=! T(m,k) * B(k,n)
+}"""
+SIZES = [((13, 7), (7, 11)), ((5, 30), (30, 3)), ((1, 1), (1, 17))]
+
+
+@pytest.fixture(scope="module")
+def smm():
+    return polyc.define(SCALED_MM)
+
+
+def assert_smm(op, space):
+    """``space`` compiled, on every size of SIZES (the trace replayed for each)."""
+    fast = op.with_schedule(space)
+    for k, (sa, sb) in enumerate(SIZES):
+        A, B = random_inputs([(sa, "float32"), (sb, "float32")], k)
+        np.testing.assert_allclose(fast(A, B), (2 * A) @ B, rtol=1e-4, atol=1e-4)
+
+
+LEGAL = {
+    "peel front": lambda s: s.peel("S2", "k", 1),
+    "peel back, distributed": lambda s: s.peel("S2", "k", 0, 2).distribute("S2_1"),
+    "split_index_set": lambda s: s.split_index_set("S2", "m", "floor(M/2)"),
+    "split_index_set, tiled apart": lambda s: s.split_index_set("S2", "n", 4)
+    .distribute("S2_1").tile("S2_1", ("m", "n"), (4, 8)),
+    "compute_inline": lambda s: s.compute_inline("S0"),
+    "layout": lambda s: s.layout("T", (1, 0)),
+    "cache_read packed": lambda s: s.cache_read("S2", "B", (1, 0)),
+    "cache_read at": lambda s: s.cache_read("S0", "A").compute_at("S0_1", "S0", "m"),
+    "cache_write": lambda s: s.cache_write("S2"),
+    "rfactor vectorized": lambda s: s.rfactor("S2", "k", 4).split("S2", "k", 4)
+    .vectorize("S2", "k"),
+    "compute_at": lambda s: s.compute_at("S0", "S2", "m"),
+    "decompose_reduction": lambda s: s.decompose_reduction("S2", "k"),
+    "decompose_reduction top": lambda s: s.decompose_reduction("S2", "m"),
+}
+
+
+@pytest.mark.parametrize("name", LEGAL)
+def test_legal_rewrites_match_numpy(smm, name):
+    space = LEGAL[name](smm.schedule_space())
+    assert_smm(smm, space)
+    str(space)  # printable
+
+
+def test_what_the_rewrites_look_like(smm):
+    s = smm.schedule_space()
+    text = str(s.peel("S2", "k", 1))
+    assert "(the first 1 of k of S2)" in text and "(not the first 1 of k)" in text
+    text = str(s.rfactor("S2", "k", 4))
+    assert "S2_1: C_rf(i0, i1, kk) = 0.0" in text and "C_rf(m, n, (k % 4)) +=" in text
+    assert "S2_2: C(i0, i1) += C_rf(i0, i1, kk)" in text
+    text = str(s.cache_read("S2", "B", (1, 0)))
+    assert "B_local(i1, i0) = B(i0, i1)" in text and "B_local(n, k)" in text
+    assert "A(m, k) * 2.0) * B(k, n)" in str(s.compute_inline("S0"))
+    placed = s.compute_at("S0", "S2", "m")
+    assert dict(placed.dims)["S0"][1].name == "m" and "S0: T(m, k)" in str(placed)
+
+
+@pytest.mark.parametrize("step,words", [
+    (lambda s: s.rfactor("S0", "k", 4), "S0 is not a reduction"),
+    (lambda s: s.rfactor("S2", "m", 4), "'m' is not a reduction iterator of S2"),
+    (lambda s: s.rfactor("S2", "k", 1), "at least 2"),
+    (lambda s: s.peel("S2", "k", 0, 0), "peel a positive number"),
+    (lambda s: s.peel("S2", "q", 1), "no loop 'q'"),
+    (lambda s: s.split_index_set("S2", "m", "M"), "no instance of S2 is in m >= M"),
+    (lambda s: s.split_index_set("S2", "m", "M*M"), "not affine"),
+    (lambda s: s.compute_inline("S2"), "C, an output of smm"),
+    (lambda s: s.layout("A", (1, 0)), "A is an input of smm"),
+    (lambda s: s.layout("T", (0, 0)), "permutation"),
+    (lambda s: s.layout("Q", (0,)), "no array 'Q'"),
+    (lambda s: s.cache_read("S2", "C"), "S2 writes C"),
+    (lambda s: s.compute_at("S2", "S0", "m"), "S0 reads nothing S2 writes"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_bad_rewrites_are_named(smm, step, words):
+    with pytest.raises(ScheduleError, match=words.replace("(", r"\(").replace(")", r"\)")
+                       .replace("*", r"\*")):
+        step(smm.schedule_space())
+
+
+def test_illegal_placements_name_the_dependence(smm):
+    s = smm.schedule_space()
+    # S2 inside S0's loop m: before S1 initialises C
+    with pytest.raises(ScheduleError) as info:
+        s.reverse_compute_at("S2", "S0", "m")
+    assert "dependence S1 -> S2" in str(info.value) and "S1[0, 0]" in str(info.value)
+    # a reduction's loop is not vectorizable; after rfactor its inner part is
+    with pytest.raises(ScheduleError, match="reduction dependence S2 -> S2 of C"):
+        s.split("S2", "k", 4).vectorize("S2", "k")
+
+
+CHAIN = """
+def chain(float(M,N) X) -> (Z) {
+  Y(i, j) = X(i, j) + 1.0
+  Z(i, j) = Y(i, j) * 2.0 + Y(i, N - 1 - j)
+}
+"""
+
+
+def test_reverse_compute_at_puts_a_consumer_in_the_producer_loop():
+    op = polyc.define(CHAIN)
+    s = op.schedule_space().reverse_compute_at("S1", "S0", "i")
+    assert "S1: [0, i, 1, i2=i, j]" in str(s)  # Z inside S0's loop i, after its body
+    for shape in ((7, 5), (1, 9), (12, 1)):
+        X, = random_inputs([(shape, "float32")])
+        Y = X + 1
+        np.testing.assert_allclose(op.with_schedule(s)(X), Y * 2 + Y[:, ::-1], rtol=1e-6)
+    # at j: the last producer iteration Z(i, j) needs is max(j, N-1-j), piecewise
+    with pytest.raises(ScheduleError, match="not one affine function"):
+        op.schedule_space().reverse_compute_at("S1", "S0", "j")
+
+
+ACC = r"""
+void acc(int M, int K, float A[M][K], float C[M])
+{
+#pragma scop
+  for (int m = 0; m < M; m++)
+    for (int k = 0; k < K; k++)
+      C[m] = C[m] + A[m][k];
+#pragma endscop
+}
+"""
+
+
+def test_cache_write_needs_an_initialised_temporary():
+    with pytest.raises(ScheduleError, match=r"S0\[0, 0\] \(with M=1, K=1\) reads an "
+                       "element of C that is not written before it"):
+        polyc.scop(ACC).schedule_space().cache_write("S0")
+
+
+def test_save_load_replay_give_the_same_c(smm, tmp_path):
+    s = (smm.schedule_space().cache_read("S2", "B", (1, 0)).rfactor("S2", "k", 4)
+         .split("S2", "k", 4).vectorize("S2", "k").peel("S2_2", "kk", 1)
+         .compute_at("S0", "S2", "m"))
+    path = str(tmp_path / "smm.sched")
+    s.save(path)
+    trace = polyc.load_schedule(path)
+    replayed = smm.schedule_space().replay(trace)
+    assert replayed.isl_text() == s.isl_text()
+    sizes = {"M": 13, "K": 7, "N": 11}
+    direct = polyc.define(SCALED_MM, specialize=True).with_schedule(s)
+    loaded = polyc.define(SCALED_MM, specialize=True).with_schedule(trace)
+    A, B = random_inputs([((13, 7), "float32"), ((7, 11), "float32")])
+    np.testing.assert_allclose(direct(A, B), (2 * A) @ B, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(loaded(A, B), (2 * A) @ B, rtol=1e-4, atol=1e-4)
+    assert direct.compiled_for(sizes).c_source == loaded.compiled_for(sizes).c_source
+    assert_smm(smm, trace)
+
+
+def test_c_input_peel_and_split():
+    op = polyc.scop(JACOBI_1D)
+    s = op.schedule_space().shift("S1", "i", 1).fuse(2, "S0", "S1")
+    for space in (s.peel("S0", "i", 1), s.peel("S1", "i", 0, 1),
+                  s.split_index_set("S0", "t", 2)):
+        for T, N in ((5, 37), (1, 3), (9, 70)):
+            run_jacobi_1d(op.with_schedule(space), T, N)
+    # the last i of each time step moved after every time step
+    with pytest.raises(ScheduleError, match="flow dependence S1_1 -> S0 of A"):
+        s.peel("S1", "i", 0, 1).distribute("S1_1")
+
+
+def test_c_statements_sharing_loops_are_not_rewritten_apart():
+    s = polyc.scop(GEMM).schedule_space()
+    with pytest.raises(ScheduleError, match="S1 shares its loops with other statements"):
+        s.cache_read("S1", "B")
+    with pytest.raises(ScheduleError, match="S1 is not a reduction"):  # C's += is a plain
+        s.rfactor("S1", "k", 4)  # assignment: C = C + ...
