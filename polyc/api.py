@@ -69,14 +69,20 @@ class Operator:
         outs = self.compiled_for(bound).run(arrays, bound)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def schedule_space(self, sizes: dict[str, int] | None = None) -> Any:
+    def schedule_space(self, sizes: dict[str, int] | None = None,
+                       auto: bool | dict[str, Any] = False) -> Any:
         """The operator's schedule as an editable, immutable
         :class:`polyc.schedule.space.ScheduleSpace` (source order; ``sizes`` fixes the
-        sizes it is checked for). Edit it with its primitives (``tile``, ``skew``,
-        ``parallel``...), then run it with :meth:`with_schedule`."""
+        sizes it is checked for; ``auto=True``, or a dict of schedule options such as
+        ``{"scheduler": "pluto"}``: the schedule polyc's passes choose, see
+        :meth:`~polyc.schedule.space.ScheduleSpace.auto`). Edit it with its primitives
+        (``tile``, ``skew``, ``parallel``...), then run it with :meth:`with_schedule`."""
         from .schedule.space import ScheduleSpace
         kernel = self.kernel.specialize(sizes) if sizes else self.kernel
-        return ScheduleSpace.default(kernel)
+        space = ScheduleSpace.default(kernel)
+        if auto is not False:
+            space = space.auto(auto if isinstance(auto, dict) else None)
+        return space
 
     def with_schedule(self, schedule: Any) -> Operator:
         """This operator compiled with ``schedule``: a ScheduleSpace, or a ScheduleTrace

@@ -192,3 +192,33 @@ def test_c_statements_sharing_loops_are_not_rewritten_apart():
         s.cache_read("S1", "B")
     with pytest.raises(ScheduleError, match="S1 is not a reduction"):  # C's += is a plain
         s.rfactor("S1", "k", 4)  # assignment: C = C + ...
+
+
+# -- the automatic schedule as a space -----------------------------------------------------
+
+def test_auto_schedule_is_a_readable_editable_replayable_space(smm):
+    s = smm.schedule_space(auto=True)
+    text = str(s)
+    assert "auto({})" in text and "m_tile = " in text and "# parallel" in text
+    assert "# vectorize" in text
+    assert_smm(smm, s)  # the trace's auto step replays the passes on each size
+    # edits name the loops of the automatic schedule of the sizes at hand: with generic
+    # code (specialize=False) they are the same for every size
+    generic = polyc.define(SCALED_MM, specialize=False)
+    edited = generic.schedule_space(auto=True).unroll("S2", "k", 4)
+    assert_smm(generic, edited)
+    with pytest.raises(ScheduleError, match="parallel\\('S2', 'k_tile'\\) is illegal"):
+        s.parallel("S2", "k_tile")
+    with pytest.raises(ScheduleError, match="replaces the whole schedule"):
+        smm.schedule_space().tile("S2", "m", 4).auto()
+    with pytest.raises(ScheduleError, match=r"options \['gpu_block'\] do not shape"):
+        smm.schedule_space(auto={"gpu_block": (32,)})
+
+
+@pytest.mark.parametrize("options", [{"scheduler": "pluto"}, {"fusion": "max"},
+                                     {"tile": False}])
+def test_auto_schedule_of_c_input(options):
+    op = polyc.scop(JACOBI_1D)
+    s = op.schedule_space(auto=options)
+    for T, N in ((5, 37), (1, 3), (9, 70)):
+        run_jacobi_1d(op.with_schedule(s), T, N)

@@ -30,6 +30,7 @@ import functools
 import inspect
 import itertools
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -644,6 +645,112 @@ class ScheduleSpace:
             raise ScheduleError(f"{step} is illegal: {err}") from None
         return replace(s, steps=self.steps + (step,), hints=self.hints)
 
+    # -- the automatic schedule as a space ---------------------------------------------
+
+    def auto(self, options: Mapping[str, Any] | None = None) -> ScheduleSpace:
+        """The schedule polyc's automatic passes choose (the scheduler, ``fusion``,
+        tiling, parallel and vector marks; ``options`` as :class:`polyc.Options` fields:
+        ``scheduler``, ``fusion``, ``tile``, ``threads``...) as a space to read and edit:
+        its loops are named after the statements' iterators (``i_tile`` for a tile loop,
+        ``c<d>`` for a combination such as a skew). The first step of a trace: it replays
+        the passes on each size. Register tiles (a code-generation promotion) are left
+        out: ``with_schedule`` of this space is the automatic schedule without them.
+        Steps after it name the loops of the automatic schedule of the sizes at hand, which
+        depends on them when code is specialised (the default): such a trace replays on
+        other sizes with ``specialize=False``."""
+        from ..options import Options
+        from .optimize import optimize
+        from .scheduler import compute_schedule
+        opts = dict(options or {})
+        step = Step("auto", (opts,))
+        if self.steps or self.pending:
+            raise ScheduleError(f"{step}: it replaces the whole schedule: apply it first "
+                                "(op.schedule_space(auto=True))")
+        allowed = {"scheduler", "fusion", "tile", "diamond", "parallel", "vectorize",
+                   "threads"}
+        if set(opts) - allowed:
+            raise ScheduleError(f"{step}: options {sorted(set(opts) - allowed)} do not shape "
+                                f"the schedule (those that do: {', '.join(sorted(allowed))})")
+        chosen = Options(**opts).replace(register_tile=False, target="c", schedule=None)
+        tree = optimize(compute_schedule(self.kernel, self.deps, chosen), self.kernel, chosen)
+        space = ScheduleSpace.from_schedule(self.kernel, tree, self.deps)
+        return self._checked(replace(space, steps=(step,), hints=self.hints), step)
+
+    @classmethod
+    def from_schedule(cls, kernel: Kernel, schedule: isl.Schedule,
+                      deps: Dependences | None = None) -> ScheduleSpace:
+        """The space of an isl schedule tree of ``kernel`` (bands, sequences, filters and
+        the parallel / simd / unroll marks; other marks are dropped). Refused when a loop
+        of a statement is piecewise or a statement is split between branches."""
+        rows: dict[str, list[Dim]] = {}
+        marks: set[tuple[str, str, str]] = set()
+        names = [s.name for s in kernel.statements]
+
+        def stmts_of(uset: isl.UnionSet) -> list[str]:
+            return [n for n in names if not uset.intersect(
+                isl.UnionSet.from_set(kernel.statement(n).domain)).is_empty()]
+
+        def visit(node: isl.ScheduleNode, active: list[str], prefix: dict[str, list[Dim]],
+                  pending: list[str]) -> None:
+            kind = node.get_type()
+            if kind == isl.schedule_node_type.leaf:
+                for s in active:
+                    if s in rows:
+                        raise ScheduleError(f"{s} runs in two branches of the schedule: it "
+                                            "cannot be read as one row of dimensions")
+                    rows[s] = prefix[s]
+                return
+            if kind in (isl.schedule_node_type.domain, isl.schedule_node_type.context):
+                visit(node.child(0), active, prefix, pending)
+            elif kind == isl.schedule_node_type.filter:
+                mine = [s for s in active if s in stmts_of(node.filter_get_filter())]
+                visit(node.child(0), mine, prefix, pending)
+            elif kind in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+                for i in range(node.n_children()):
+                    child = node.child(i)
+                    mine = [s for s in active if s in stmts_of(child.filter_get_filter())]
+                    visit(child.child(0), mine,
+                          {s: prefix[s] + [Dim("", str(i), False)] for s in mine}, pending)
+            elif kind == isl.schedule_node_type.mark:
+                visit(node.child(0), active, prefix, pending + [node.mark_get_id().get_name()])
+            elif kind == isl.schedule_node_type.band:
+                n = node.band_n_member()
+                umap = node.band_get_partial_schedule_union_map()
+                grown = {}
+                for s in active:
+                    part = umap.intersect_domain(isl.UnionSet.from_set(
+                        kernel.statement(s).domain))
+                    texts = _affine_texts(part, s, n) if n else []
+                    if texts is None:
+                        raise ScheduleError(f"a loop of {s} in the schedule is piecewise "
+                                            f"({part}): not one affine expression")
+                    row = list(prefix[s])
+                    taken = {d.name for d in row if d.loop}
+                    for k, text in enumerate(map(_tidy, texts)):
+                        row.append(Dim(_fresh(_loop_name(text, kernel.statement(s).iterators,
+                                                         len(row)), taken), text))
+                        if k == 0:
+                            for m in pending:
+                                kind_ = _IMPORTED_MARKS.get(m.partition("@")[0])
+                                if kind_ is None and m.startswith("unroll:"):
+                                    kind_ = m
+                                if kind_ is not None:
+                                    marks.add((s, row[-1].name, kind_))
+                    grown[s] = row
+                visit(node.child(0), active, grown, [])
+            else:
+                raise ScheduleError(f"a {kind} node of the schedule tree has no form in a "
+                                    "schedule space")
+
+        visit(schedule.get_root(), names, {s: [] for s in names}, [])
+        missing = [s for s in names if s not in rows]
+        dims = tuple((s, tuple(rows[s])) for s in names if s in rows)
+        if missing:
+            raise ScheduleError(f"the schedule runs no instance of {', '.join(missing)}")
+        if any(not r or r[0].loop for _, r in dims):
+            dims = tuple((s, (Dim("", "0", False),) + r) for s, r in dims)
+        return cls(kernel, deps or compute_dependences(kernel), _pad(dims), frozenset(marks))
+
     # -- primitives that rewrite the kernel (polyc.rewrite) ------------------------------
 
     def _rewritten(self, kernel: Kernel, rows: Mapping[str, Sequence[Dim]], step: Step,
@@ -978,7 +1085,7 @@ PRIMITIVES = ("tile", "split", "reorder", "interchange", "skew", "shift", "rever
               "distribute", "parallel", "vectorize", "unroll", "unroll_and_jam",
               "split_index_set", "peel", "compute_inline", "layout", "cache_read",
               "cache_write", "rfactor", "compute_at", "reverse_compute_at",
-              "decompose_reduction")
+              "decompose_reduction", "auto")
 
 
 def _affine_texts(chosen: isl.UnionMap, stmt: str, n: int) -> list[str] | None:
@@ -1003,6 +1110,32 @@ def _affine_texts(chosen: isl.UnionMap, stmt: str, n: int) -> list[str] | None:
             return None
         out.append(text[start + 5:end])
     return out
+
+
+#: marks of an isl schedule tree read by ScheduleSpace.from_schedule, as its marks
+_IMPORTED_MARKS = {"parallel": "parallel", "simd": "vectorize"}
+
+
+def _tidy(text: str) -> str:
+    """isl's print of a tile loop ``-31 + m + (-1 - m) mod 32`` as ``32*floor((m)/32)``
+    (the same function)."""
+    m = re.fullmatch(r"-(\d+) \+ (\w+) \+ \(-1 - \2\) mod (\d+)", text.strip())
+    if m and int(m.group(1)) + 1 == int(m.group(3)):
+        return f"{m.group(3)}*floor(({m.group(2)})/{m.group(3)})"
+    return text
+
+
+def _loop_name(text: str, iterators: Sequence[str], depth: int) -> str:
+    """A loop's name from its expression: the iterator, ``<it>_tile`` for
+    ``floor((it)/n)``, else ``c<depth>``."""
+    bare = text.replace(" ", "")
+    for it in iterators:
+        if bare in (it, f"({it})"):
+            return it
+        tiles = (f"floor(({it})/", f"(floor(({it})/")
+        if bare.startswith(tiles) or re.fullmatch(rf"\d+\*floor\(\({it}\)/\d+\)", bare):
+            return f"{it}_tile"
+    return f"c{depth}"
 
 
 def _fresh(name: str, taken: set[str]) -> str:
