@@ -222,3 +222,47 @@ def test_auto_schedule_of_c_input(options):
     s = op.schedule_space(auto=options)
     for T, N in ((5, 37), (1, 3), (9, 70)):
         run_jacobi_1d(op.with_schedule(s), T, N)
+
+
+# -- GPU bind (CUDA target, run by the CPU emulation) ---------------------------------------
+
+MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+
+
+def test_bind_maps_loops_to_blocks_and_threads():
+    op = polyc.define(MATMUL, target="cuda", emulate=True)
+    s = op.schedule_space()
+    bound = (s.bind("S0", "n", "x").bind("S0", "m", "y")
+             .bind("S1", "n", "x", 64).bind("S1", "m", "y", 4))
+    assert "# gpu:x:64" in str(bound)
+    fast = op.with_schedule(bound)
+    for sa, sb in (((37, 29), (29, 45)), ((1, 3), (3, 130))):
+        A, B = random_inputs([(sa, "float32"), (sb, "float32")])
+        np.testing.assert_allclose(fast(A, B), A @ B, rtol=1e-4, atol=1e-4)
+    heads = [ln for ln in fast.cuda_source.splitlines() if ln.startswith("/* kernel")]
+    assert "member 1 -> x (tile 64, 64 threads), member 0 -> y (tile 4, 4 threads)" in heads[1]
+    # tiles bound: each thread runs a 4x8 tile of C
+    tiles = s.tile("S1", ("m", "n"), (4, 8)).bind("S1", "n_tile", "x").bind("S1", "m_tile", "y")
+    A, B = random_inputs([((37, 29), "float32"), ((29, 45), "float32")])
+    np.testing.assert_allclose(op.with_schedule(tiles)(A, B), A @ B, rtol=1e-4, atol=1e-4)
+    # on the C target the binding is ignored
+    c_op = polyc.define(MATMUL)
+    np.testing.assert_allclose(c_op.with_schedule(c_op.schedule_space().replay(bound.trace()))(
+        A, B), A @ B, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_bindings_are_refused():
+    op = polyc.define(MATMUL, target="cuda", emulate=True)
+    s = op.schedule_space()
+    with pytest.raises(ScheduleError, match="binding S1's loop 'k' to GPU axis x is illegal: "
+                       "the loop carries the reduction dependence S1 -> S1 of C"):
+        s.bind("S1", "k", "x")
+    with pytest.raises(ScheduleError, match="the axis is 'x', 'y' or 'z'"):
+        s.bind("S1", "m", "w")
+    with pytest.raises(ScheduleError, match="already bound"):
+        s.bind("S1", "m", "x").bind("S1", "m", "y")
+    A, B = random_inputs([((7, 5), "float32"), ((5, 3), "float32")])
+    with pytest.raises(polyc.CompileError, match="must be the kernel's outermost loops"):
+        op.with_schedule(s.bind("S0", "n", "x"))(A, B)
+    with pytest.raises(polyc.CompileError, match="bind x first"):
+        op.with_schedule(s.bind("S0", "m", "y"))(A, B)

@@ -178,6 +178,10 @@ def map_to_gpu(kernel: Kernel, deps: Dependences, schedule: isl.Schedule,
         dom = node.get_domain().intersect_params(kernel.context)
         if dom.is_empty():
             continue
+        if node.get_type() == isl.schedule_node_type.band and _misplaced_binding(node.child(0)):
+            raise CompileError(f"a loop bound to a GPU axis lies inside another loop of its "
+                               f"kernel ({', '.join(_statement_names(dom))}): the bound loops "
+                               "must be the kernel's outermost loops")
         out.append(_map_kernel(kernel, deps, schedule, node, dom, len(out), options))
     return out
 
@@ -212,12 +216,16 @@ def _map_kernel(kernel: Kernel, deps: Dependences, schedule: isl.Schedule,
         return _sequential(index, names, own, kernel, dom, time,
                            "no loop: runs on one thread of one block")
     flags = tiling.coincident_flags(node)
+    coincidence = deps.coincidence.intersect_params(kernel.context) \
+        .intersect_domain(dom).intersect_range(dom)
+    bound = _bound(node)
+    if bound is not None:  # the workbench's bind steps choose the members
+        return _map_bound(kernel, deps, own, node, dom, index, names, bound, coincidence,
+                          options)
     if not any(flags):
         return _sequential(index, names, own, kernel, dom, time,
                            "no parallel (coincident) loop in the outermost band: runs on "
                            "one thread of one block")
-    coincidence = deps.coincidence.intersect_params(kernel.context) \
-        .intersect_domain(dom).intersect_range(dom)
     candidates = [i for i, f in enumerate(flags)
                   if f and _members_are_parallel(node, [i], coincidence)
                   and _starts_at_constant(kernel, node, dom, i)]
@@ -254,6 +262,69 @@ def _map_kernel(kernel: Kernel, deps: Dependences, schedule: isl.Schedule,
                              shared, tuple(zip(depths, dims)), record)
     mapped = own.intersect_domain(_thread_instances(dims))
     return GpuKernel(index, names, mapped, context, dims, dom, time, note, time_dims)
+
+
+#: the mark above a band whose members the schedule workbench bound to GPU axes
+#: (``gpu:x@1,y@0:8``: axis @ member [: threads]; see ``ScheduleSpace.bind``)
+BIND_MARK = "gpu:"
+
+
+def _bound(node: isl.ScheduleNode) -> list[tuple[str, int, int | None]] | None:
+    """(axis, member, threads) of the bind mark right above the band ``node``, x first."""
+    if not node.has_parent() or node.parent().get_type() != isl.schedule_node_type.mark:
+        return None
+    name = node.parent().mark_get_id().get_name()
+    if not name.startswith(BIND_MARK):
+        return None
+    out = []
+    for part in name[len(BIND_MARK):].split(","):
+        axis, _, rest = part.partition("@")
+        member, _, threads = rest.partition(":")
+        out.append((axis, int(member), int(threads) if threads else None))
+    return sorted(out, key=lambda b: AXES.index(b[0]))
+
+
+def _map_bound(kernel: Kernel, deps: Dependences, own: isl.Schedule, node: isl.ScheduleNode,
+               dom: isl.UnionSet, index: int, names: tuple[str, ...],
+               bound: list[tuple[str, int, int | None]], coincidence: isl.UnionMap,
+               options: Options) -> GpuKernel:
+    """The kernel with the members the user bound on the axes they named (each checked
+    with isl: no dependence between the kernel's instances crosses threads)."""
+    axes = [b[0] for b in bound]
+    if axes != list(AXES[:len(axes)]):
+        raise CompileError(f"kernel {index} ({', '.join(names)}): bound GPU axes "
+                           f"{', '.join(axes)}: bind x first, then y, then z")
+    chosen = [b[1] for b in bound]
+    for axis, m, _ in bound:
+        if not _starts_at_constant(kernel, node, dom, m):
+            raise CompileError(f"kernel {index} ({', '.join(names)}): the loop bound to "
+                               f"{axis} starts at a value that depends on the sizes: bind a "
+                               "loop that starts at a constant")
+    if not _members_are_parallel(node, chosen, coincidence):
+        raise CompileError(f"kernel {index} ({', '.join(names)}): its bound loops carry a "
+                           "dependence between the kernel's statements")
+    threads = [b[2] for b in bound]
+    given = tuple(threads) if all(t is not None for t in threads) else options.gpu_block
+    dims = _dims(kernel, node, dom, chosen, options.replace(gpu_block=given))
+    context = _context(kernel, dims)
+    time = node.get_subtree_schedule_union_map().intersect_domain(dom)
+    mapped = own.intersect_domain(_thread_instances(dims))
+    return GpuKernel(index, names, mapped, context, dims, dom, time,
+                     "mapped as bound by the schedule (ScheduleSpace.bind)",
+                     tuple(d.member for d in dims))
+
+
+def _misplaced_binding(node: isl.ScheduleNode) -> bool:
+    """Whether a bind mark lies below the top of this kernel's subtree."""
+    found = [False]
+
+    def visit(n: isl.ScheduleNode) -> bool:
+        if n.get_type() == isl.schedule_node_type.mark and \
+                n.mark_get_id().get_name().startswith(BIND_MARK):
+            found[0] = True
+        return not found[0]
+    node.foreach_descendant_top_down(visit)
+    return found[0]
 
 
 def _private_axes(kernel: Kernel, node: isl.ScheduleNode, dom: isl.UnionSet,

@@ -46,6 +46,10 @@ from ..ir import Kernel, params_prefix
 FORMAT = 1
 #: marks a loop can carry, and the name of the schedule-tree mark of each
 MARKS = {"parallel": "parallel", "vectorize": "simd"}
+#: the mark of a loop bound to a GPU axis (``gpu:x``, ``gpu:y:8`` with its threads); in
+#: the tree, consecutive bound loops form one band under the mark ``gpu:x@0,y@1:8``
+#: (axis @ band member [: threads]) that the CUDA mapping reads
+GPU_BIND = "gpu:"
 
 
 @dataclass(frozen=True)
@@ -281,13 +285,10 @@ class ScheduleSpace:
             raise ScheduleError(f"statements {', '.join(loops)} have a loop at dimension {d} "
                                 f"where {', '.join(seqs)} have a sequence position; they "
                                 "share the loops above it: fuse or distribute them first")
-        umap = isl.UnionMap.empty(self.kernel.context.get_space())
-        for s in stmts:
-            m = maps[s]
-            n = m.dim(isl.dim_type.out)
-            part = m.project_out(isl.dim_type.out, d + 1, n - d - 1).project_out(
-                isl.dim_type.out, 0, d)
-            umap = umap.union(isl.UnionMap.from_map(part))
+        bound = self._bound_dims(stmts, d, depth)
+        if bound:  # consecutive loops bound to GPU axes: one band, mapped as bound
+            return self._build_bound(node, stmts, d, bound, maps)
+        umap = self._dims_map(stmts, d, 1, maps)
         if umap.is_empty():  # statements with no instance for these sizes (a peeled piece)
             return node
         mupa = isl.MultiUnionPwAff.from_union_map(umap)
@@ -301,6 +302,58 @@ class ScheduleSpace:
         for _ in marks:
             node = node.parent()
         return node
+
+    def _dims_map(self, stmts: list[str], d: int, k: int,
+                  maps: dict[str, isl.Map]) -> isl.UnionMap:
+        """``{ S[x] -> [t_d .. t_(d+k-1)] }`` over ``stmts``."""
+        umap = isl.UnionMap.empty(self.kernel.context.get_space())
+        for s in stmts:
+            m = maps[s]
+            n = m.dim(isl.dim_type.out)
+            part = m.project_out(isl.dim_type.out, d + k, n - d - k).project_out(
+                isl.dim_type.out, 0, d)
+            umap = umap.union(isl.UnionMap.from_map(part))
+        return umap
+
+    def _binding(self, stmt: str, loop: str) -> str | None:
+        for st, lp, m in self.marks:
+            if st == stmt and lp == loop and m.startswith(GPU_BIND):
+                return m[len(GPU_BIND):]
+        return None
+
+    def _bound_dims(self, stmts: list[str], d: int, depth: int) -> list[str]:
+        """The GPU bindings (``x``, ``y:8``...) of the consecutive bound loops from
+        dimension ``d`` down, when every statement of ``stmts`` binds them alike."""
+        out: list[str] = []
+        while d + len(out) < depth:
+            here = {self._binding(s, self._row(s)[d + len(out)].name)
+                    if self._row(s)[d + len(out)].loop else None for s in stmts}
+            if len(here) != 1 or None in here:
+                if len(here) > 1 and any(h is not None for h in here):
+                    raise ScheduleError(f"statements {', '.join(stmts)} share a loop bound to "
+                                        "different GPU axes (or bound by some of them only)")
+                break
+            out.append(here.pop())
+        return out
+
+    def _build_bound(self, node: isl.ScheduleNode, stmts: list[str], d: int,
+                     bound: list[str], maps: dict[str, isl.Map]) -> isl.ScheduleNode:
+        axes = [b.split(":")[0] for b in bound]
+        if len(set(axes)) != len(axes):
+            raise ScheduleError(f"two loops of {', '.join(stmts)} bound to one GPU axis "
+                                f"({', '.join(axes)})")
+        umap = self._dims_map(stmts, d, len(bound), maps)
+        if umap.is_empty():
+            return node
+        node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(umap))
+        node = node.band_set_permutable(1)
+        for i in range(len(bound)):
+            node = node.band_member_set_coincident(i, 1)
+        spec = ",".join(f"{b.split(':')[0]}@{i}" + (f":{b.split(':')[1]}" if ":" in b else "")
+                        for i, b in enumerate(bound))
+        node = node.insert_mark(isl.Id(f"{GPU_BIND}{spec}")).child(0)
+        child = self._build(node.child(0), stmts, d + len(bound), maps)
+        return child.parent().parent()
 
     def _domain_of(self, stmts: list[str]) -> isl.UnionSet:
         out = isl.UnionSet.empty(self.kernel.context.get_space())
@@ -323,12 +376,13 @@ class ScheduleSpace:
         if violation is not None:
             raise ScheduleError(violation)
         for stmt, loop, mark in sorted(self.marks):
-            if mark not in MARKS:  # unroll: any loop may be unrolled
+            if mark not in MARKS and not mark.startswith(GPU_BIND):  # unroll: always legal
                 continue
             why = self._carried(smap, stmt, loop)
             if why is not None:
-                raise ScheduleError(f"{mark}({stmt}, {loop!r}) is illegal: the loop carries "
-                                    f"{why}")
+                what = f"{mark}({stmt}, {loop!r})" if mark in MARKS else \
+                    f"binding {stmt}'s loop {loop!r} to GPU axis {mark[len(GPU_BIND):]}"
+                raise ScheduleError(f"{what} is illegal: the loop carries {why}")
         return self
 
     def _order_violation(self, smap: isl.UnionMap) -> str | None:
@@ -607,6 +661,25 @@ class ScheduleSpace:
         """Run ``loop`` (and the same loop of the statements sharing it) with OpenMP
         threads; refused if it carries a dependence."""
         return self._mark(stmt, loop, "parallel")
+
+    def bind(self, stmt: str, loop: str, axis: str, threads: int | None = None
+             ) -> ScheduleSpace:
+        """CUDA target: map ``loop`` (and the same loop of the statements sharing it) to
+        the GPU axis ``axis`` (``"x"``, ``"y"`` or ``"z"``), ``threads`` threads per block
+        along it (else ``Options.gpu_block`` or the default); each block runs a tile of
+        the loop, each thread its points. The bound loops of a kernel must be its
+        outermost, consecutive loops; refused if the loop carries a dependence. Without
+        any bound loop a workbench schedule runs on one GPU thread. (On the C target the
+        binding is ignored.)"""
+        step = Step("bind", (stmt, loop, axis) + ((threads,) if threads is not None else ()))
+        if axis not in ("x", "y", "z"):
+            raise ScheduleError(f"{step}: the axis is 'x', 'y' or 'z'")
+        if threads is not None and (not isinstance(threads, int) or not 1 <= threads <= 1024):
+            raise ScheduleError(f"{step}: threads per block along an axis: 1 to 1024")
+        if self._binding(stmt, loop) is not None:
+            raise ScheduleError(f"{step}: {loop!r} of {stmt} is already bound")
+        mark = f"{GPU_BIND}{axis}" + (f":{threads}" if threads is not None else "")
+        return self._mark(stmt, loop, mark, step)
 
     def vectorize(self, stmt: str, loop: str) -> ScheduleSpace:
         """Mark ``loop`` (innermost) ``omp simd``; refused if it carries a dependence."""
@@ -1085,7 +1158,7 @@ PRIMITIVES = ("tile", "split", "reorder", "interchange", "skew", "shift", "rever
               "distribute", "parallel", "vectorize", "unroll", "unroll_and_jam",
               "split_index_set", "peel", "compute_inline", "layout", "cache_read",
               "cache_write", "rfactor", "compute_at", "reverse_compute_at",
-              "decompose_reduction", "auto")
+              "decompose_reduction", "auto", "bind")
 
 
 def _affine_texts(chosen: isl.UnionMap, stmt: str, n: int) -> list[str] | None:
