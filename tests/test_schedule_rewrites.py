@@ -16,6 +16,7 @@ from conftest import random_inputs
 
 import polyc
 from polyc.errors import ScheduleError
+from polyc.schedule.space import Step
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "examples", "benchmarks"))
@@ -196,17 +197,35 @@ def test_c_statements_sharing_loops_are_not_rewritten_apart():
 
 # -- the automatic schedule as a space -----------------------------------------------------
 
-def test_auto_schedule_is_a_readable_editable_replayable_space(smm):
+def test_auto_schedule_is_a_sequence_of_primitives():
+    # generic code: the scheduler's choice (and so the trace) is the same for every size
+    smm = polyc.define(SCALED_MM, specialize=False)
     s = smm.schedule_space(auto=True)
+    steps = [str(x) for x in s.steps]
+    # the scheduler's nests, then polyc's band optimisation as steps: interchange, cache
+    # blocks, parallel and vector loops
+    assert steps[0] == "scheduler({})"
+    assert "reorder('S2', 'm', 'k', 'n')" in steps
+    assert "tile('S2', ('m', 'k', 'n'), (32, 64, 512))" in steps
+    assert "parallel('S2', 'm_tile')" in steps and "vectorize('S2', 'n')" in steps
+    assert {x.split("(")[0] for x in steps} == {"scheduler", "reorder", "tile", "parallel",
+                                                 "vectorize"}
     text = str(s)
-    assert "auto({})" in text and "m_tile = " in text and "# parallel" in text
-    assert "# vectorize" in text
-    assert_smm(smm, s)  # the trace's auto step replays the passes on each size
+    assert "m_tile = floor((m)/32):  # parallel" in text and "# vectorize" in text
+    assert_smm(smm, s)
+    # edit the cache blocks: the same trace with other tile sizes
+    trace = s.trace()
+    smaller = [Step("tile", (a[0], a[1], tuple(8 for _ in a[2]))) if x.name == "tile" and
+               a[0] == "S2" else x for x in trace.steps for a in [x.args]]
+    edited = smm.schedule_space().replay(smaller)
+    assert "k_tile = floor((k)/8)" in str(edited)
+    assert_smm(smm, edited)
     # edits name the loops of the automatic schedule of the sizes at hand: with generic
     # code (specialize=False) they are the same for every size
     generic = polyc.define(SCALED_MM, specialize=False)
     edited = generic.schedule_space(auto=True).unroll("S2", "k", 4)
     assert_smm(generic, edited)
+    s = smm.schedule_space(auto=True)
     with pytest.raises(ScheduleError, match="parallel\\('S2', 'k_tile'\\) is illegal"):
         s.parallel("S2", "k_tile")
     with pytest.raises(ScheduleError, match="replaces the whole schedule"):
@@ -220,8 +239,23 @@ def test_auto_schedule_is_a_readable_editable_replayable_space(smm):
 def test_auto_schedule_of_c_input(options):
     op = polyc.scop(JACOBI_1D)
     s = op.schedule_space(auto=options)
+    # a wavefront of skewed tiles is no sequence of primitives: read back whole
+    assert [x.name for x in s.steps] == (["scheduler"] if options == {"tile": False}
+                                         else ["auto"])
     for T, N in ((5, 37), (1, 3), (9, 70)):
         run_jacobi_1d(op.with_schedule(s), T, N)
+
+
+def test_auto_schedule_of_c_gemm_is_primitives():
+    op = polyc.scop(GEMM)
+    s = op.schedule_space(auto=True)
+    assert [x.name for x in s.steps][:3] == ["scheduler", "reorder", "tile"]
+    rng = np.random.default_rng(4)
+    A, B = rng.standard_normal((17, 9)), rng.standard_normal((9, 23))
+    C = rng.standard_normal((17, 23))
+    want = 0.5 * C + 1.5 * (A @ B)
+    op.with_schedule(s)(17, 23, 9, 1.5, 0.5, C, A, B)
+    np.testing.assert_allclose(C, want, rtol=1e-12)
 
 
 # -- GPU bind (CUDA target, run by the CPU emulation) ---------------------------------------

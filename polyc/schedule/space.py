@@ -721,16 +721,17 @@ class ScheduleSpace:
     # -- the automatic schedule as a space ---------------------------------------------
 
     def auto(self, options: Mapping[str, Any] | None = None) -> ScheduleSpace:
-        """The schedule polyc's automatic passes choose (the scheduler, ``fusion``,
-        tiling, parallel and vector marks; ``options`` as :class:`polyc.Options` fields:
-        ``scheduler``, ``fusion``, ``tile``, ``threads``...) as a space to read and edit:
-        its loops are named after the statements' iterators (``i_tile`` for a tile loop,
-        ``c<d>`` for a combination such as a skew). The first step of a trace: it replays
-        the passes on each size. Register tiles (a code-generation promotion) are left
-        out: ``with_schedule`` of this space is the automatic schedule without them.
-        Steps after it name the loops of the automatic schedule of the sizes at hand, which
-        depends on them when code is specialised (the default): such a trace replays on
-        other sizes with ``specialize=False``."""
+        """The schedule polyc's automatic passes choose, as primitive steps to read, edit
+        and replay: ``scheduler(...)`` (the scheduler's fusion, loop order and skews, read
+        back as loops), then the tiling, interchanges and marks of polyc's band
+        optimisation as ``reorder``, ``tile``, ``parallel`` and ``vectorize`` steps (its
+        cache-block sizes are the ``tile`` sizes). ``options`` are :class:`polyc.Options`
+        fields that shape the schedule (``scheduler``, ``fusion``, ``tile``, ``threads``...).
+        Register tiles (a code-generation promotion) are left out. Where a band's result is
+        not such a sequence (a wavefront of tiles), the whole result is read back as one
+        ``auto(...)`` step instead, which replays the passes. Steps name the loops of the
+        sizes at hand, which the scheduler's choice depends on when code is specialised
+        (the default): such a trace replays on other sizes with ``specialize=False``."""
         from ..options import Options
         from .optimize import optimize
         from .scheduler import compute_schedule
@@ -745,9 +746,86 @@ class ScheduleSpace:
             raise ScheduleError(f"{step}: options {sorted(set(opts) - allowed)} do not shape "
                                 f"the schedule (those that do: {', '.join(sorted(allowed))})")
         chosen = Options(**opts).replace(register_tile=False, target="c", schedule=None)
-        tree = optimize(compute_schedule(self.kernel, self.deps, chosen), self.kernel, chosen)
-        space = ScheduleSpace.from_schedule(self.kernel, tree, self.deps)
+        plain = compute_schedule(self.kernel, self.deps, chosen)
+        tree = optimize(plain, self.kernel, chosen)
+        target = ScheduleSpace.from_schedule(self.kernel, tree, self.deps)
+        try:
+            start = self.scheduler({k: v for k, v in opts.items() if k in SCHEDULER_OPTIONS})
+            derived = start._derive(target)
+        except ScheduleError:
+            derived = None
+        if derived is not None:
+            return derived
+        return self._checked(replace(target, steps=(step,), hints=self.hints), step)
+
+    def scheduler(self, options: Mapping[str, Any] | None = None) -> ScheduleSpace:
+        """The loop nests polyc's scheduler chooses (``options``: ``scheduler``,
+        ``fusion``, ``diamond``): fusion, loop order and skews, before any tiling, read
+        back as loops (``c<d>`` names a combination of iterators). The first step of a
+        trace."""
+        from ..options import Options
+        from .scheduler import compute_schedule
+        opts = dict(options or {})
+        step = Step("scheduler", (opts,))
+        if self.steps or self.pending:
+            raise ScheduleError(f"{step}: it replaces the whole schedule: apply it first")
+        if set(opts) - SCHEDULER_OPTIONS:
+            raise ScheduleError(f"{step}: options {sorted(set(opts) - SCHEDULER_OPTIONS)} are "
+                                f"not the scheduler's ({', '.join(sorted(SCHEDULER_OPTIONS))})")
+        chosen = Options(**opts).replace(target="c", schedule=None)
+        space = ScheduleSpace.from_schedule(self.kernel, compute_schedule(
+            self.kernel, self.deps, chosen), self.deps)
         return self._checked(replace(space, steps=(step,), hints=self.hints), step)
+
+    def _derive(self, target: ScheduleSpace) -> ScheduleSpace | None:
+        """``self`` (untiled loop nests) turned into ``target`` (the same nests tiled,
+        interchanged and marked) by primitive steps, or None when ``target`` is not such
+        an image (a wavefront's skewed tile loops)."""
+        space = replace(self, hints=False)
+        # the statement with the most loops first: its nest-wide steps may do the others'
+        for stmt in sorted(self.statements, key=lambda n: -sum(
+                1 for d in self._row(n) if d.loop and not d.expr.strip().isdigit())):
+            want = target._row(stmt)
+            have = space._row(stmt)
+            if _aligned(self.kernel, stmt, have, want):
+                continue
+            if [d.expr for d in have if not d.loop] != [d.expr for d in want if not d.loop]:
+                return None
+            loops = [d for d in have if d.loop and d.name]
+            goal = [d for d in want if d.loop and d.name]
+            exprs = {d.name: d.expr for d in loops}
+            points, tiles = [], []
+            for d in goal:
+                match = _same_loop(self.kernel, stmt, d.expr, exprs)
+                if match is None:
+                    return None
+                name, size = match
+                (tiles if size else points).append((name, size))
+            if sorted(n for n, _ in points) != sorted(exprs) or \
+                    len({n for n, _ in tiles}) != len(tiles):
+                return None
+            order = [n for n, _ in points]
+            if order != [d.name for d in loops]:
+                space = space.reorder(stmt, *order)
+            if tiles:
+                tiled = [n for n in order if n in dict(tiles)]
+                space = space.tile(stmt, tuple(tiled), tuple(dict(tiles)[n] for n in tiled))
+                names = {n: d.name for n, d in zip(tiled, [d for d in space._row(stmt)
+                                                          if d.loop and d.name])}
+                wanted = [names[n] for n, _ in tiles]
+                if wanted != [names[n] for n in tiled]:
+                    space = space.reorder(stmt, *wanted)
+        # the marks, by position: the derived rows align with the target's
+        for stmt, loop, mark in sorted(target.marks):
+            pos = target._position(stmt, loop)
+            name = space._row(stmt)[pos].name
+            if (stmt, name, mark) not in space.marks:
+                space = getattr(space, mark)(stmt, name) if mark in MARKS else \
+                    space._mark(stmt, name, mark)
+        if not all(_aligned(self.kernel, n, space._row(n), target._row(n))
+                   for n in self.statements):
+            return None
+        return replace(space, hints=self.hints)
 
     @classmethod
     def from_schedule(cls, kernel: Kernel, schedule: isl.Schedule,
@@ -1158,7 +1236,7 @@ PRIMITIVES = ("tile", "split", "reorder", "interchange", "skew", "shift", "rever
               "distribute", "parallel", "vectorize", "unroll", "unroll_and_jam",
               "split_index_set", "peel", "compute_inline", "layout", "cache_read",
               "cache_write", "rfactor", "compute_at", "reverse_compute_at",
-              "decompose_reduction", "auto", "bind")
+              "decompose_reduction", "auto", "scheduler", "bind")
 
 
 def _affine_texts(chosen: isl.UnionMap, stmt: str, n: int) -> list[str] | None:
@@ -1183,6 +1261,60 @@ def _affine_texts(chosen: isl.UnionMap, stmt: str, n: int) -> list[str] | None:
             return None
         out.append(text[start + 5:end])
     return out
+
+
+#: the options of polyc's scheduler (ScheduleSpace.scheduler)
+SCHEDULER_OPTIONS = {"scheduler", "fusion", "diamond"}
+
+
+def _same_loop(kernel: Kernel, stmt: str, expr: str, loops: Mapping[str, str]
+               ) -> tuple[str, int] | None:
+    """``(loop, 0)`` when ``expr`` is one of ``loops`` (name -> expression) over
+    ``stmt``'s instances, ``(loop, T)`` when it is ``T*floor(loop/T)`` (a tile loop of
+    size ``T``), else None -- decided by isl."""
+    s = kernel.statement(stmt)
+    head = f"{params_prefix(kernel.sizes)}{{ {stmt}[{', '.join(s.iterators)}] -> "
+
+    def as_map(text: str) -> isl.Map:
+        return isl.Map(head + f"[{text}] }}").intersect_domain(s.domain) \
+            .intersect_params(kernel.context)
+    try:
+        mine = as_map(expr)
+    except isl.Error:
+        return None
+    sizes = {int(x) for x in re.findall(r"(?:mod |/)(\d+)", expr)}
+    for name, text in loops.items():
+        if as_map(text).is_equal(mine):
+            return name, 0
+        for t in sorted(sizes):
+            if t > 1 and as_map(f"{t}*floor(({text})/{t})").is_equal(mine):
+                return name, t
+    return None
+
+
+def _aligned(kernel: Kernel, stmt: str, have: Sequence[Dim], want: Sequence[Dim]) -> bool:
+    """Whether ``have`` runs ``stmt``'s instances as ``want`` does, dimension by dimension
+    (a tile loop ``floor(e/T)`` standing for ``T*floor(e/T)``)."""
+    if len(have) != len(want):
+        return False
+    s = kernel.statement(stmt)
+    head = f"{params_prefix(kernel.sizes)}{{ {stmt}[{', '.join(s.iterators)}] -> "
+
+    def as_map(text: str) -> isl.Map:
+        return isl.Map(head + f"[{text}] }}").intersect_domain(s.domain) \
+            .intersect_params(kernel.context)
+    for a, b in zip(have, want):
+        if a.loop != b.loop or (not a.loop and a.expr != b.expr):
+            return False
+        if not a.loop:
+            continue
+        theirs = as_map(b.expr)
+        if as_map(a.expr).is_equal(theirs):
+            continue
+        m = re.fullmatch(r"floor\(\((.*)\)/(\d+)\)", a.expr.replace(" ", ""))
+        if m is None or not as_map(f"{m.group(2)}*({a.expr})").is_equal(theirs):
+            return False
+    return True
 
 
 #: marks of an isl schedule tree read by ScheduleSpace.from_schedule, as its marks
