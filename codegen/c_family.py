@@ -310,7 +310,9 @@ class _Walker:
         pragmas = self.dialect.loop_pragmas(parallel, "simd" in kinds, self.options)
         parallel = parallel and any("parallel" in p for p in pragmas)
         unroll = [k[len(UNROLL):] for k in kinds if k.startswith(UNROLL)]
-        if unroll and self.dialect.unroll_pragma:  # last: it must precede the loop itself
+        # gcc takes no unroll pragma beside an OpenMP one on the same loop (the schedule
+        # workbench refuses both; the OpenMP one wins here)
+        if unroll and self.dialect.unroll_pragma and not pragmas:
             pragmas.append(self.dialect.unroll_pragma.format(unroll[0]))
         body = self.node(n.for_get_body(), (), in_parallel or parallel)
         loop = cgen.For(f"{self.dialect.index_type} {var} = {self._isl(n.for_get_init()).text}",

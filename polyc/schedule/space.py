@@ -371,6 +371,7 @@ class ScheduleSpace:
         """Raise :class:`ScheduleError` unless every dependence runs in order and every
         marked loop carries none; returns ``self``."""
         self._concrete("check")
+        self.tree()  # a shape with no schedule tree (a loop beside a position) is refused
         smap = self.schedule_map()
         violation = self._order_violation(smap)
         if violation is not None:
@@ -1098,7 +1099,8 @@ class ScheduleSpace:
             raise ScheduleError(f"{step}: {left} is tied to no instance of {target} (it "
                                 f"{why})")
         chosen = at.lexmin() if first else at.lexmax()
-        exprs = _affine_texts(chosen, stmt, len(loops))
+        exprs = _affine_texts(chosen, stmt, len(loops)) if not mine.is_empty() else \
+            ["0"] * len(loops)  # no instance for these sizes: any place will do
         if exprs is None:
             raise ScheduleError(f"{step}: the iteration of {target}'s loops where each "
                                 f"instance of {stmt} belongs is not one affine function of "
@@ -1146,6 +1148,12 @@ class ScheduleSpace:
               ) -> ScheduleSpace:
         step = step or Step(mark, (stmt, loop))
         d = self._position(stmt, loop)
+        mine = {m for (st, lp, m) in self.marks if st == stmt and lp == loop}
+        pragma = {m for m in mine | {mark} if m in MARKS}
+        if pragma and any(m.startswith("unroll:") for m in mine | {mark}):
+            raise ScheduleError(f"{step}: {loop!r} of {stmt} would be both unrolled and "
+                                f"{'/'.join(sorted(pragma))}: C compilers take one pragma per "
+                                "loop (split it first: unroll one part)")
         group = self._sharing(stmt, d)
         names = {s: self._row(s)[d].name for s in group}
         marks = self.marks | {(s, n, mark) for s, n in names.items()}
