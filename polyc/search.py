@@ -15,10 +15,13 @@ checked against polyc's own schedule on the same random inputs and timed (median
 ``repeat`` runs). Every candidate is appended to the log (JSON lines: knob values, the
 trace, seconds, correctness, error), which :func:`load_search_log` reads back.
 
-The model: a candidate's tile knobs (the sizes given to ``tile``/``split``) should make
-a tile's data about half the L2 cache (:mod:`polyc.schedule.machine` reads its size), so
-candidates are sorted by how far the product of their tile sizes, times the element
-size and the number of arrays, is from that (a log ratio).
+The model is polyc's own: the tile sizes its band optimisation picks for these sizes on
+this machine (the cache blocks of :mod:`polyc.schedule.cache_blocks`, read from the
+``tile`` steps of ``op.schedule_space(sizes, auto=True)``). Candidates are sorted by how
+far (a log ratio) each tile knob is from polyc's size for the same statement and loop;
+a tile knob of a loop polyc does not tile falls back to a cache rule: the product of the
+candidate's tile sizes, times the element size and the number of arrays, should be
+about half the L2 cache (:mod:`polyc.schedule.machine` reads its size).
 """
 from __future__ import annotations
 
@@ -115,7 +118,7 @@ def search(op: Any, space: ScheduleSpace, sizes: Mapping[str, int], budget: floa
     missing = [s for s in op.kernel.sizes if s not in sizes]
     if missing:
         raise CallError(f"search: give the sizes {missing} of {op.kernel.name}")
-    order = _order(space, knobs, strategy, seed, op)
+    order = _order(space, knobs, strategy, seed, op, sizes)
     data = _inputs(op, sizes, {}, np.random.default_rng(seed))
     prepare, run = _runner(op, sizes, data)
     prepare()
@@ -185,7 +188,7 @@ def _time(prepare: Any, run: Any, repeat: int) -> float:
 
 
 def _order(space: ScheduleSpace, knobs: tuple[Knob, ...], strategy: str, seed: int,
-           op: Any) -> list[tuple[Any, ...]]:
+           op: Any, sizes: Mapping[str, int]) -> list[tuple[Any, ...]]:
     combos = list(space.candidates())
     if strategy == "random":
         random.Random(seed).shuffle(combos)
@@ -196,15 +199,56 @@ def _order(space: ScheduleSpace, knobs: tuple[Knob, ...], strategy: str, seed: i
         from .schedule import machine
         itemsize = max(NUMPY_DTYPES[a.dtype].itemsize for a in op.kernel.arrays)
         target = machine.l2_bytes() / 2
+        polyc_sizes = _polyc_tiles(op, sizes)
+        where = _knob_loops(space.pending)
+        guided = [i for i in positions if where.get(id(knobs[i])) in polyc_sizes]
+        rest = [i for i in positions if i not in guided]
 
         def cost(values: tuple[Any, ...]) -> float:
-            volume = 1
-            for i in positions:
-                volume *= int(values[i])
-            data = volume * itemsize * len(op.kernel.arrays)
-            return abs(math.log(max(data, 1) / target))
+            total = sum(abs(math.log(int(values[i]) / polyc_sizes[where[id(knobs[i])]]))
+                        for i in guided)
+            if rest:
+                volume = 1
+                for i in rest:
+                    volume *= int(values[i])
+                data = volume * itemsize * len(op.kernel.arrays)
+                total += abs(math.log(max(data, 1) / target))
+            return total
         combos.sort(key=cost)
     return combos
+
+
+def _polyc_tiles(op: Any, sizes: Mapping[str, int]) -> dict[tuple[str, str], int]:
+    """(statement, loop) -> the tile size polyc's band optimisation gives that loop for
+    these sizes (the ``tile`` steps of its automatic schedule); empty when it has none."""
+    try:
+        auto = op.schedule_space(dict(sizes), auto=True)
+    except PolycError:
+        return {}
+    out = {}
+    for step in auto.steps:
+        if step.name == "tile":
+            stmt, loops, tile = step.args
+            for loop, t in zip(loops, tile):
+                for name in auto.statements:  # the statements sharing the nest too
+                    if name == stmt or loop in auto.loops(name):
+                        out.setdefault((name, loop), int(t))
+    return out
+
+
+def _knob_loops(steps: tuple[Step, ...]) -> dict[int, tuple[str, str]]:
+    """id(knob) -> (statement, loop) it is the tile size of."""
+    out = {}
+    for s in steps:
+        if s.name == "tile" and len(s.args) > 2:
+            loops = (s.args[1],) if isinstance(s.args[1], str) else tuple(s.args[1])
+            sizes = s.args[2] if isinstance(s.args[2], tuple) else (s.args[2],) * len(loops)
+            for loop, v in zip(loops, sizes):
+                if isinstance(v, Knob):
+                    out[id(v)] = (s.args[0], loop)
+        elif s.name == "split" and len(s.args) > 2 and isinstance(s.args[2], Knob):
+            out[id(s.args[2])] = (s.args[0], s.args[1])
+    return out
 
 
 def _tile_knobs(steps: tuple[Step, ...]) -> list[Knob]:

@@ -300,3 +300,17 @@ def test_bad_bindings_are_refused():
         op.with_schedule(s.bind("S0", "n", "x"))(A, B)
     with pytest.raises(polyc.CompileError, match="bind x first"):
         op.with_schedule(s.bind("S0", "m", "y"))(A, B)
+
+
+def test_model_search_starts_from_polycs_own_cache_blocks():
+    from polyc.search import _order, _polyc_tiles
+    op = polyc.define(MATMUL)
+    sizes = {"M": 512, "N": 512, "K": 512}
+    polyc_tiles = _polyc_tiles(op, sizes)  # the auto schedule's tile steps
+    assert polyc_tiles[("S1", "k")] >= 8 and ("S1", "m") in polyc_tiles
+    s = op.schedule_space().tile("S1", ("m", "k", "n"), (
+        polyc.knob([4, 8, 32, 128]), polyc.knob([8, 16, 64, 256]), polyc.knob([64, 512])))
+    first = _order(s, s.knobs(), "model", 0, op, sizes)[0]
+    best = tuple(min(k.values, key=lambda v, t=polyc_tiles[("S1", loop)]: abs(np.log(v / t)))
+                 for k, loop in zip(s.knobs(), ("m", "k", "n")))
+    assert first == best

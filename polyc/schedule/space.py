@@ -1291,7 +1291,12 @@ def _same_loop(kernel: Kernel, stmt: str, expr: str, loops: Mapping[str, str]
     except isl.Error:
         return None
     sizes = {int(x) for x in re.findall(r"(?:mod |/)(\d+)", expr)}
-    for name, text in loops.items():
+    # the loops whose expression the text mentions first: a single tile (N = T) is the
+    # constant 0, equal to any loop's tile of that size
+    words = set(re.findall(r"[A-Za-z_]\w*", expr))
+    ranked = sorted(loops.items(), key=lambda kv: not (set(re.findall(r"[A-Za-z_]\w*",
+                                                                         kv[1])) <= words))
+    for name, text in ranked:
         if as_map(text).is_equal(mine):
             return name, 0
         for t in sorted(sizes):
