@@ -133,7 +133,14 @@ def _footprint(kernel: Kernel, s: Statement, array: str, name: str,
         rel = m if rel is None else rel.union(m)
     if rel is None:
         raise ScheduleError(f"{s.name} does not read {array}")
-    return _renamed(rel.range().coalesce(), name, iterators).intersect_params(kernel.context)
+    # only the elements inside the array: a read under a guard (``i < N ? A(i) : 0``) has
+    # out-of-bounds indices that never run, and the copy must not touch them
+    inside = isl.Set(f"{params_prefix(kernel.sizes)}{{ {array}[{', '.join(iterators)}] : "
+                     + " and ".join(f"0 <= {it} < {E.to_isl(x)}"
+                                    for it, x in zip(iterators, shape)) + " }") \
+        if shape else isl.Set(f"{params_prefix(kernel.sizes)}{{ {array}[] }}")
+    found = rel.range().intersect(inside).coalesce()
+    return _renamed(found, name, iterators).intersect_params(kernel.context)
 
 
 def _instance(point: isl.Point, name: str) -> str:

@@ -176,11 +176,14 @@ def test_workbench_fuzz_slice(cache_dir):
     """Random primitives on random programs: every step the workbench accepts leaves a
     schedule that computes the interpreter's result (seeds 207, 227, ... found a loop
     both unrolled and parallel, which gcc refuses to compile; seed 24 a shape with no
-    schedule tree; seed 134 a compute_at replayed on sizes where its statement is empty)."""
+    schedule tree; seed 134 a compute_at replayed on sizes where its statement is empty;
+    seed 1480, 8 steps, a cache_read copying a guarded read's out-of-bounds elements:
+    heap corruption)."""
     import workbench as W
     failures = []
-    for seed in list(range(WORKBENCH_SEED, WORKBENCH_SEED + WORKBENCH_N)) + [24, 134, 481]:
-        r = W.run_case(seed, WORKBENCH_STEPS if seed >= WORKBENCH_SEED else 5)
+    seeds = [(s, WORKBENCH_STEPS) for s in range(WORKBENCH_SEED, WORKBENCH_SEED + WORKBENCH_N)]
+    for seed, steps in seeds + [(24, 5), (134, 5), (481, 6), (1480, 8)]:
+        r = W.run_isolated(seed, steps)
         if r["kind"] in ("wrong", "crash"):
             failures.append(f"seed {seed}: {r['kind']}: {r['message']}\n{r['source']}\n"
                             f"steps: {r['steps']}\n{r.get('detail', '')}")

@@ -164,6 +164,33 @@ def run_case(seed: int, steps: int) -> dict:
     return {"seed": seed, "kind": "ok", "steps": applied, "refused": refused}
 
 
+def run_isolated(seed: int, steps: int) -> dict:
+    """:func:`run_case` in a forked child: a case whose compiled code corrupts memory or
+    dies on a signal is a crash of that case, not of the campaign."""
+    import json
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read)
+        try:
+            r = run_case(seed, steps)
+        except BaseException as e:  # noqa: BLE001
+            r = {"seed": seed, "kind": "crash", "steps": [], "source": "",
+                 "message": f"{type(e).__name__}: {e}"}
+        with os.fdopen(write, "w") as f:
+            f.write(json.dumps(r, default=str))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        text = f.read()
+    _, status = os.waitpid(pid, 0)
+    if text:
+        return json.loads(text)
+    return {"seed": seed, "kind": "crash", "steps": [], "source": G.case(seed).source,
+            "message": f"the case's process died (status {status}): memory corruption or "
+                       "a signal in compiled code"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", type=int, default=100)
@@ -176,7 +203,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     failed = False
     for seed in range(a.seed, a.seed + a.n):
-        r = run_case(seed, a.steps)
+        r = run_isolated(seed, a.steps)
         counts[r["kind"]] = counts.get(r["kind"], 0) + 1
         applied += len(r.get("steps", []))
         refused += r.get("refused", 0)
