@@ -1280,12 +1280,8 @@ def _same_loop(kernel: Kernel, stmt: str, expr: str, loops: Mapping[str, str]
     """``(loop, 0)`` when ``expr`` is one of ``loops`` (name -> expression) over
     ``stmt``'s instances, ``(loop, T)`` when it is ``T*floor(loop/T)`` (a tile loop of
     size ``T``), else None -- decided by isl."""
-    s = kernel.statement(stmt)
-    head = f"{params_prefix(kernel.sizes)}{{ {stmt}[{', '.join(s.iterators)}] -> "
-
     def as_map(text: str) -> isl.Map:
-        return isl.Map(head + f"[{text}] }}").intersect_domain(s.domain) \
-            .intersect_params(kernel.context)
+        return _loop_map(kernel, stmt, text)
     try:
         mine = as_map(expr)
     except isl.Error:
@@ -1305,17 +1301,21 @@ def _same_loop(kernel: Kernel, stmt: str, expr: str, loops: Mapping[str, str]
     return None
 
 
+def _loop_map(kernel: Kernel, stmt: str, text: str) -> isl.Map:
+    """``{ stmt[x] -> [text] }`` over ``stmt``'s instances (a loop's expression)."""
+    s = kernel.statement(stmt)
+    return isl.Map(f"{params_prefix(kernel.sizes)}{{ {stmt}[{', '.join(s.iterators)}] -> "
+                   f"[{text}] }}").intersect_domain(s.domain).intersect_params(kernel.context)
+
+
 def _aligned(kernel: Kernel, stmt: str, have: Sequence[Dim], want: Sequence[Dim]) -> bool:
     """Whether ``have`` runs ``stmt``'s instances as ``want`` does, dimension by dimension
     (a tile loop ``floor(e/T)`` standing for ``T*floor(e/T)``)."""
     if len(have) != len(want):
         return False
-    s = kernel.statement(stmt)
-    head = f"{params_prefix(kernel.sizes)}{{ {stmt}[{', '.join(s.iterators)}] -> "
 
     def as_map(text: str) -> isl.Map:
-        return isl.Map(head + f"[{text}] }}").intersect_domain(s.domain) \
-            .intersect_params(kernel.context)
+        return _loop_map(kernel, stmt, text)
     for a, b in zip(have, want):
         if a.loop != b.loop or (not a.loop and a.expr != b.expr):
             return False
