@@ -178,11 +178,11 @@ def test_workbench_fuzz_slice(cache_dir):
     both unrolled and parallel, which gcc refuses to compile; seed 24 a shape with no
     schedule tree; seed 134 a compute_at replayed on sizes where its statement is empty;
     seed 1480, 8 steps, a cache_read copying a guarded read's out-of-bounds elements:
-    heap corruption)."""
+    heap corruption; seed 3017, registers replayed on sizes where the statement is empty)."""
     import workbench as W
     failures = []
     seeds = [(s, WORKBENCH_STEPS) for s in range(WORKBENCH_SEED, WORKBENCH_SEED + WORKBENCH_N)]
-    for seed, steps in seeds + [(24, 5), (134, 5), (481, 6), (1480, 8)]:
+    for seed, steps in seeds + [(24, 5), (134, 5), (481, 6), (1480, 8), (3017, 8)]:
         r = W.run_isolated(seed, steps)
         if r["kind"] in ("wrong", "crash"):
             failures.append(f"seed {seed}: {r['kind']}: {r['message']}\n{r['source']}\n"

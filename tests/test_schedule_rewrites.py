@@ -203,22 +203,22 @@ def test_auto_schedule_is_a_sequence_of_primitives():
     s = smm.schedule_space(auto=True)
     steps = [str(x) for x in s.steps]
     # the scheduler's nests, then polyc's band optimisation as steps: interchange, cache
-    # blocks, parallel and vector loops
+    # blocks, register tiles (a split per level, the accumulators kept by `registers`,
+    # the row loop unrolled), parallel and vector loops
     assert steps[0] == "scheduler({})"
-    assert "reorder('S2', 'm', 'k', 'n')" in steps
-    assert "tile('S2', ('m', 'k', 'n'), (32, 64, 512))" in steps
-    assert "parallel('S2', 'm_tile')" in steps and "vectorize('S2', 'n')" in steps
     assert {x.split("(")[0] for x in steps} == {"scheduler", "reorder", "tile", "parallel",
-                                                 "vectorize"}
+                                                 "vectorize", "registers", "unroll"}
+    assert "registers('S2', 'k')" in steps and "vectorize('S2', 'n')" in steps
+    assert "parallel('S2', 'm_tile')" in steps
     text = str(s)
-    assert "m_tile = floor((m)/32):  # parallel" in text and "# vectorize" in text
+    assert "m_tile = floor((m)/" in text and "# register:S2:" in text and "# vectorize" in text
     assert_smm(smm, s)
-    # edit the cache blocks: the same trace with other tile sizes
-    trace = s.trace()
-    smaller = [Step("tile", (a[0], a[1], tuple(8 for _ in a[2]))) if x.name == "tile" and
-               a[0] == "S2" else x for x in trace.steps for a in [x.args]]
-    edited = smm.schedule_space().replay(smaller)
-    assert "k_tile = floor((k)/8)" in str(edited)
+    # edit the cache blocks: the same trace with other sizes in the first tile step of S2
+    trace = list(s.trace().steps)
+    k = next(i for i, x in enumerate(trace) if x.name == "tile" and x.args[0] == "S2")
+    trace[k] = Step("tile", (trace[k].args[0], trace[k].args[1], (16, 16, 128)))
+    edited = smm.schedule_space().replay(trace)
+    assert "_tile = floor((k)/16)" in str(edited)
     assert_smm(smm, edited)
     # edits name the loops of the automatic schedule of the sizes at hand: with generic
     # code (specialize=False) they are the same for every size
@@ -314,3 +314,26 @@ def test_model_search_starts_from_polycs_own_cache_blocks():
     best = tuple(min(k.values, key=lambda v, t=polyc_tiles[("S1", loop)]: abs(np.log(v / t)))
                  for k, loop in zip(s.knobs(), ("m", "k", "n")))
     assert first == best
+
+
+def test_registers_keep_a_tile_of_accumulators():
+    op = polyc.define(MATMUL)
+    s = (op.schedule_space().reorder("S1", "m", "k", "n").tile("S1", ("m", "k", "n"),
+                                                                (16, 32, 64))
+         .split("S1", "m", 4).split("S1", "n", 32)
+         .reorder("S1", "m_tile", "k_tile", "n_tile", "m_tile2", "n_tile2", "k", "m", "n"))
+    r = s.registers("S1", "k").unroll("S1", "m", 4).vectorize("S1", "n")
+    assert "# register:S1:4,32:" in str(r)
+    A, B = random_inputs([((37, 29), "float32"), ((29, 45), "float32")])
+    fast = op.with_schedule(r)
+    np.testing.assert_allclose(fast(A, B), A @ B, rtol=1e-4, atol=1e-4)
+    assert "polyc_acc[4][32]" in fast.compiled_for({"M": 37, "N": 45, "K": 29}).c_source
+    scalar = op.schedule_space().registers("S1", "k")  # one C(m, n) below k: a scalar
+    np.testing.assert_allclose(op.with_schedule(scalar)(A, B), A @ B, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ScheduleError, match="no box of fixed size"):
+        op.schedule_space().registers("S1", "m")  # all of C below m: sizes-dependent
+    with pytest.raises(ScheduleError, match="larger than 4096"):
+        op.schedule_space().tile("S1", ("m", "n"), (128, 128)).registers("S1", "m")
+    fused = op.schedule_space().fuse(2, "S0", "S1")
+    with pytest.raises(ScheduleError, match=r"not just S1"):
+        fused.tile("S0", ("m", "n"), (4, 8)).registers("S1", "m")

@@ -60,11 +60,13 @@ DEFAULT_TILE_REDUCTION_REGISTER = 256
 TINY_WORK = 1 << 18
 
 
-def optimize(schedule: isl.Schedule, kernel: Kernel, options: Options) -> isl.Schedule:
-    """Order, tile and mark every band of ``schedule`` (see the module doc)."""
+def optimize(schedule: isl.Schedule, kernel: Kernel, options: Options,
+             drop_inits: bool = True) -> isl.Schedule:
+    """Order, tile and mark every band of ``schedule`` (see the module doc);
+    ``drop_inits=False`` keeps the initialisations register tiles could start from."""
     root = schedule.get_root()
     node = _visit(root.child(0), kernel, options, parallel_done=not options.parallel, tile=True)
-    return drop_dead_inits(node.get_schedule(), kernel)
+    return drop_dead_inits(node.get_schedule(), kernel) if drop_inits else node.get_schedule()
 
 
 def drop_dead_inits(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:

@@ -30,6 +30,7 @@ import functools
 import inspect
 import itertools
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -371,7 +372,9 @@ class ScheduleSpace:
         """Raise :class:`ScheduleError` unless every dependence runs in order and every
         marked loop carries none; returns ``self``."""
         self._concrete("check")
-        self.tree()  # a shape with no schedule tree (a loop beside a position) is refused
+        tree = self.tree()  # a shape with no schedule tree (a loop beside a position) is refused
+        if any(m.startswith(REGISTER_MARK) for _, _, m in self.marks):
+            _check_register_marks(tree, self.kernel)
         smap = self.schedule_map()
         violation = self._order_violation(smap)
         if violation is not None:
@@ -682,6 +685,44 @@ class ScheduleSpace:
         mark = f"{GPU_BIND}{axis}" + (f":{threads}" if threads is not None else "")
         return self._mark(stmt, loop, mark, step)
 
+    def registers(self, stmt: str, loop: str) -> ScheduleSpace:
+        """Keep the elements of its array that ``stmt`` updates in one iteration of the
+        loops outside ``loop`` in a local array (registers) from ``loop`` down: loaded
+        before the loop, stored after it -- polyc's register tiles (unroll and vectorize
+        the loops of the tile to keep it in vector registers). Refused unless ``stmt``
+        alone runs below ``loop``, reads its array only where it writes it, and those
+        elements form a fixed box of at most 4096 elements."""
+        from .register_tile import vector_bits
+        step = Step("registers", (stmt, loop))
+        d = self._position(stmt, loop)
+        s = self.kernel.statement(stmt)
+        smap = self._stmt_map(stmt, self._row(stmt))
+        n = smap.dim(isl.dim_type.out)
+        prefix = smap.project_out(isl.dim_type.out, d, n - d)
+        written = prefix.reverse().apply_range(s.write.relation(s.domain)) \
+            .intersect_params(self.kernel.context)
+        if written.is_empty():  # no instance for these sizes (a trace replayed): nothing
+            return self._checked(replace(self, steps=self.steps + (step,)), step)
+        shape = []
+        for i in range(written.dim(isl.dim_type.out)):
+            one = written.project_out(isl.dim_type.out, i + 1,
+                                      written.dim(isl.dim_type.out) - i - 1) \
+                .project_out(isl.dim_type.out, 0, i)
+            lo = one.lexmin_pw_multi_aff().get_pw_aff(0)
+            hi = one.lexmax_pw_multi_aff().get_pw_aff(0)
+            extent = hi.sub(lo).max_val() if not one.is_empty() else None
+            if extent is None or not extent.is_int():
+                raise ScheduleError(f"{step}: the elements of {s.write.array} that {stmt} "
+                                    f"updates below {loop!r} form no box of fixed size")
+            shape.append(extent.to_python() + 1)
+        if math.prod(shape) > 4096:
+            raise ScheduleError(f"{step}: the accumulator box {shape} is larger than 4096 "
+                                "elements: tile the loops outside first")
+        mark = f"{REGISTER_MARK}{stmt}:{','.join(map(str, shape))}:{vector_bits()}"
+        space = replace(self, marks=self.marks | {(stmt, self._row(stmt)[d].name, mark)},
+                        steps=self.steps + (step,))
+        return self._checked(space, step)
+
     def vectorize(self, stmt: str, loop: str) -> ScheduleSpace:
         """Mark ``loop`` (innermost) ``omp simd``; refused if it carries a dependence."""
         loops = self.loops(stmt)
@@ -746,9 +787,9 @@ class ScheduleSpace:
         if set(opts) - allowed:
             raise ScheduleError(f"{step}: options {sorted(set(opts) - allowed)} do not shape "
                                 f"the schedule (those that do: {', '.join(sorted(allowed))})")
-        chosen = Options(**opts).replace(register_tile=False, target="c", schedule=None)
+        chosen = Options(**opts).replace(target="c", schedule=None)
         plain = compute_schedule(self.kernel, self.deps, chosen)
-        tree = optimize(plain, self.kernel, chosen)
+        tree = optimize(plain, self.kernel, chosen, drop_inits=False)
         target = ScheduleSpace.from_schedule(self.kernel, tree, self.deps)
         try:
             start = self.scheduler({k: v for k, v in opts.items() if k in SCHEDULER_OPTIONS})
@@ -803,26 +844,46 @@ class ScheduleSpace:
                 name, size = match
                 (tiles if size else points).append((name, size))
             if sorted(n for n, _ in points) != sorted(exprs) or \
-                    len({n for n, _ in tiles}) != len(tiles):
+                    len(set(tiles)) != len(tiles):
                 return None
             order = [n for n, _ in points]
             if order != [d.name for d in loops]:
                 space = space.reorder(stmt, *order)
-            if tiles:
-                tiled = [n for n in order if n in dict(tiles)]
-                space = space.tile(stmt, tuple(tiled), tuple(dict(tiles)[n] for n in tiled))
-                names = {n: d.name for n, d in zip(tiled, [d for d in space._row(stmt)
-                                                          if d.loop and d.name])}
-                wanted = [names[n] for n, _ in tiles]
-                if wanted != [names[n] for n in tiled]:
-                    space = space.reorder(stmt, *wanted)
+            sizes: dict[str, list[int]] = {}
+            for n, t in tiles:
+                sizes.setdefault(n, []).append(t)
+            for n in sizes:  # outer tiles first: one tile step, then a split per level
+                sizes[n].sort(reverse=True)
+            made: dict[tuple[str, int], str] = {}
+            tiled = [n for n in order if n in sizes]
+            if tiled:
+                space = space.tile(stmt, tuple(tiled), tuple(sizes[n][0] for n in tiled))
+                row = space._row(stmt)
+                first = space._position(stmt, tiled[0]) - len(tiled)
+                for i, n in enumerate(tiled):
+                    made[(n, sizes[n][0])] = row[first + i].name
+                for n in tiled:
+                    for t in sizes[n][1:]:
+                        space = space.split(stmt, n, t)
+                        made[(n, t)] = space._row(stmt)[space._position(stmt, n) - 1].name
+            wanted = [made[(n, t)] if t else n for n, t in
+                      (_same_loop(self.kernel, stmt, d.expr, exprs) for d in goal)]
+            if wanted != list(space.loops(stmt)):
+                space = space.reorder(stmt, *wanted)
         # the marks, by position: the derived rows align with the target's
         for stmt, loop, mark in sorted(target.marks):
             pos = target._position(stmt, loop)
             name = space._row(stmt)[pos].name
-            if (stmt, name, mark) not in space.marks:
-                space = getattr(space, mark)(stmt, name) if mark in MARKS else \
-                    space._mark(stmt, name, mark)
+            if (stmt, name, mark) in space.marks:
+                continue
+            if mark in MARKS:
+                space = getattr(space, mark)(stmt, name)
+            elif mark.startswith("unroll:"):
+                space = space.unroll(stmt, name, int(mark.split(":")[1]))
+            elif mark.startswith(REGISTER_MARK):
+                space = space.registers(stmt, name)
+            else:
+                space = space._mark(stmt, name, mark)
         if not all(_aligned(self.kernel, n, space._row(n), target._row(n))
                    for n in self.statements):
             return None
@@ -879,6 +940,7 @@ class ScheduleSpace:
                     row = list(prefix[s])
                     taken = {d.name for d in row if d.loop}
                     for k, text in enumerate(map(_tidy, texts)):
+                        outer = [d.expr for d in row if d.loop]
                         row.append(Dim(_fresh(_loop_name(text, kernel.statement(s).iterators,
                                                          len(row)), taken), text))
                         if k == 0:
@@ -886,8 +948,14 @@ class ScheduleSpace:
                                 kind_ = _IMPORTED_MARKS.get(m.partition("@")[0])
                                 if kind_ is None and m.startswith("unroll:"):
                                     kind_ = m
+                                if kind_ is None and m.startswith(REGISTER_MARK):
+                                    kind_ = ":".join(m.split(":")[:4])  # loads its start
                                 if kind_ is not None:
                                     marks.add((s, row[-1].name, kind_))
+                        if node.band_member_get_ast_loop_type(k) == isl.ast_loop_type.unroll:
+                            n_ = _extent_within(kernel, s, outer, text)
+                            if n_ is not None and 2 <= n_ <= 64:
+                                marks.add((s, row[-1].name, f"unroll:{n_}"))
                     grown[s] = row
                 visit(node.child(0), active, grown, [])
             else:
@@ -1244,7 +1312,7 @@ PRIMITIVES = ("tile", "split", "reorder", "interchange", "skew", "shift", "rever
               "distribute", "parallel", "vectorize", "unroll", "unroll_and_jam",
               "split_index_set", "peel", "compute_inline", "layout", "cache_read",
               "cache_write", "rfactor", "compute_at", "reverse_compute_at",
-              "decompose_reduction", "auto", "scheduler", "bind")
+              "decompose_reduction", "auto", "scheduler", "bind", "registers")
 
 
 def _affine_texts(chosen: isl.UnionMap, stmt: str, n: int) -> list[str] | None:
@@ -1269,6 +1337,29 @@ def _affine_texts(chosen: isl.UnionMap, stmt: str, n: int) -> list[str] | None:
             return None
         out.append(text[start + 5:end])
     return out
+
+
+#: the prefix of the mark of a register tile (see ScheduleSpace.registers and
+#: polyc.schedule.register_tile)
+REGISTER_MARK = "register:"
+
+
+def _check_register_marks(tree: isl.Schedule, kernel: Kernel) -> None:
+    """Raise ScheduleError when a register mark of ``tree`` is unsafe (its check)."""
+    from .register_tile import check_mark
+    why: list[str] = []
+
+    def visit(node: isl.ScheduleNode) -> bool:
+        if node.get_type() == isl.schedule_node_type.mark and \
+                node.mark_get_id().get_name().startswith(REGISTER_MARK):
+            reason = check_mark(node, kernel)
+            if reason is not None:
+                why.append(f"registers({node.mark_get_id().get_name().split(':')[1]!r}): "
+                           f"{reason}")
+        return True
+    tree.get_root().foreach_descendant_top_down(visit)
+    if why:
+        raise ScheduleError(why[0])
 
 
 #: the options of polyc's scheduler (ScheduleSpace.scheduler)
@@ -1299,6 +1390,20 @@ def _same_loop(kernel: Kernel, stmt: str, expr: str, loops: Mapping[str, str]
             if t > 1 and as_map(f"{t}*floor(({text})/{t})").is_equal(mine):
                 return name, t
     return None
+
+
+def _extent_within(kernel: Kernel, stmt: str, outer: Sequence[str], text: str) -> int | None:
+    """The most values the loop ``text`` of ``stmt`` takes in one iteration of the loops
+    ``outer`` (their expressions), or None when unbounded."""
+    m = _loop_map(kernel, stmt, ", ".join([*outer, text]))
+    n = m.dim(isl.dim_type.out)
+    pairs = isl.Map.from_range(m.range()).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0,
+                                                    n - 1)  # outer values -> the loop's
+    if pairs.is_empty():
+        return None
+    lo, hi = pairs.lexmin_pw_multi_aff().get_pw_aff(0), pairs.lexmax_pw_multi_aff().get_pw_aff(0)
+    extent = hi.sub(lo).max_val()
+    return extent.to_python() + 1 if extent.is_int() else None
 
 
 def _loop_map(kernel: Kernel, stmt: str, text: str) -> isl.Map:

@@ -34,7 +34,8 @@ import shrink as S  # noqa: E402
 PRIMITIVES = ["tile", "split", "reorder", "interchange", "skew", "shift", "reverse", "fuse",
               "distribute", "parallel", "vectorize", "unroll", "unroll_and_jam", "peel",
               "split_index_set", "compute_inline", "layout", "cache_read", "cache_write",
-              "rfactor", "compute_at", "reverse_compute_at", "decompose_reduction"]
+              "rfactor", "compute_at", "reverse_compute_at", "decompose_reduction",
+              "registers"]
 
 
 def random_step(rng: random.Random, s) -> tuple[str, tuple] | None:
@@ -46,7 +47,8 @@ def random_step(rng: random.Random, s) -> tuple[str, tuple] | None:
     kernel = s.kernel
     st = kernel.statement(stmt)
     if name in ("tile", "split", "parallel", "vectorize", "unroll", "unroll_and_jam",
-                "reverse", "shift", "peel", "split_index_set", "decompose_reduction") \
+                "reverse", "shift", "peel", "split_index_set", "decompose_reduction",
+                "registers") \
             and not loops:
         return None
     if name == "tile":
@@ -104,7 +106,7 @@ def random_step(rng: random.Random, s) -> tuple[str, tuple] | None:
         if not target_loops:
             return None
         return name, (a, b, rng.choice(target_loops))
-    if name == "decompose_reduction":
+    if name in ("decompose_reduction", "registers"):
         return name, (stmt, rng.choice(loops))
     return None
 
