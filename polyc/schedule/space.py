@@ -512,6 +512,14 @@ class ScheduleSpace:
             except ScheduleError:
                 continue
             return f"legal after {t} first"
+        if step.name == "fuse":  # a smaller fusion: fewer shared loops
+            for k in range(int(step.args[0]) - 1, 0, -1):
+                smaller = Step("fuse", (k, *step.args[1:]))
+                try:
+                    before.fuse(*smaller.args)
+                except ScheduleError:
+                    continue
+                return f"{smaller} (fewer shared loops) is legal"
         return ""
 
     def _nest(self, stmt: str, loops: Sequence[str], step: Step,
