@@ -347,6 +347,69 @@ def gather(node: Node, ctx: LowerContext) -> Lowered:
                     f"{where(out_ranges(yi, ctx.shape(y)))}"], checks)
 
 
+def _runtime_index(ind: str, idx: Sequence[str], extent: int) -> str:
+    """The index read from ``ind`` at ``idx``: negative values wrapped (``i + D``), then
+    clamped into ``[0, D)`` so that no data can make the access go out of bounds (the
+    run-time check reports an index outside ``[-D, D)``)."""
+    raw = read(ind, idx)
+    return f"min(max(({raw} < 0 ? {raw} + {extent} : {raw}), 0), {extent - 1})"
+
+
+def _index_check(node: Node, ctx: LowerContext, ind: str, extent: int, what: str
+                 ) -> tuple[IndexCheck, ...]:
+    if ctx.const(ind) is not None:  # constant indices: checked at import
+        return ()
+    return (IndexCheck(-1, ind, -extent, extent - 1,
+                       f"node {node.name!r} ({node.op_type}): index ",
+                       f" of the indices {ind!r} {_dims(ctx.shape(ind))} is out of range for "
+                       f"{what} (valid: {-extent} to {extent - 1})"),)
+
+
+@register("GatherElements")
+def gather_elements(node: Node, ctx: LowerContext) -> Lowered:
+    """``Y[i..] = X[i.. with I[i..] at axis a]`` (indices read at run time: wrapped when
+    negative, clamped, and checked before the kernel as for Gather)."""
+    x, ind, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    check_nonempty(node, ctx, x, ind, y)
+    check_dtype(node, ctx, ind, ("int32", "int64"))
+    r = ctx.rank(x)
+    a = axis_attr(node, r)
+    D = ctx.shape(x)[a]
+    yi = names("i", r)
+    index = _runtime_index(ctx.name(ind), yi, D)
+    src = yi[:a] + [index] + yi[a + 1:]
+    return Lowered([f"{lhs(ctx.name(y), yi)} = {read(ctx.name(x), src)}"
+                    f"{where(out_ranges(yi, ctx.shape(y)))}"],
+                   _index_check(node, ctx, ind, D, f"axis {a} of {x!r} "
+                                f"{_dims(ctx.shape(x))}"))
+
+
+@register("GatherND")
+def gather_nd(node: Node, ctx: LowerContext) -> Lowered:
+    """``Y[b.., q.., r..] = X[b.., I[b.., q.., 0], .., I[b.., q.., m-1], r..]`` with
+    ``batch_dims`` leading batch axes; indices wrapped and clamped per addressed axis and
+    checked before the kernel (run-time indices: the addressed axes must have one
+    extent, which the one range of the check states)."""
+    x, ind, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    check_nonempty(node, ctx, x, ind, y)
+    check_dtype(node, ctx, ind, ("int32", "int64"))
+    b = int(node.attr("batch_dims", 0))
+    xs, qs = ctx.shape(x), ctx.shape(ind)
+    m = qs[-1]
+    extents = [xs[b + k] for k in range(m)]
+    if ctx.const(ind) is None and len(set(extents)) > 1:
+        raise unsupported(node, f"run-time indices over axes of different extents {extents} "
+                          "(one range check per index tensor)")
+    yi = names("i", ctx.rank(y))
+    batch, q, rest = yi[:b], yi[b:len(qs) - 1], yi[len(qs) - 1:]
+    src = list(batch) + [_runtime_index(ctx.name(ind), [*batch, *q, str(k)], extents[k])
+                         for k in range(m)] + list(rest)
+    checks = _index_check(node, ctx, ind, extents[0], f"the axes {b} to {b + m - 1} of "
+                          f"{x!r} {_dims(xs)}") if extents else ()
+    return Lowered([f"{lhs(ctx.name(y), yi)} = {read(ctx.name(x), src)}"
+                    f"{where(out_ranges(yi, ctx.shape(y)))}"], checks)
+
+
 def _dims(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 

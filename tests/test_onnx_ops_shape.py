@@ -119,6 +119,28 @@ def test_gather_constant_indices():
     assert "t_i" not in src  # an affine index, not a read of the indices
 
 
+def test_gather_elements():
+    x = rand(4, 5, 3)
+    rng = np.random.default_rng(3)
+    for axis in (0, 1, 2, -1):
+        d = x.shape[axis]
+        i = rng.integers(-d, d, size=(2, 5, 3) if axis == 0 else (4, 3, 3) if axis == 1
+                         else (4, 5, 2)).astype(np.int64)
+        # onnx's reference evaluator refuses a negative axis here: onnxruntime checks it
+        check_node("GatherElements", dict(x=x, i=i), axis=axis, use_reference=axis >= 0)
+    check_node("GatherElements", dict(x=x), consts=dict(i=np.zeros((4, 5, 1), np.int32)),
+               axis=2)
+
+
+def test_gather_nd():
+    x = rand(3, 3, 4)
+    check_node("GatherND", dict(x=x, i=np.array([[0, 2], [-1, 1]], np.int64)))
+    check_node("GatherND", dict(x=x, i=np.array([[[1]], [[-3]]], np.int64)))
+    check_node("GatherND", dict(x=x, i=np.array([[1], [0], [2]], np.int64)), batch_dims=1)
+    check_node("GatherND", dict(x=rand(2, 3, 4)), consts=dict(i=np.array([[1, 2], [0, 0]],
+                                                                         np.int64)))
+
+
 def test_gather_clamps_out_of_range_indices():
     x = rand(5, 3)
     i = ints(7, -9, 2)

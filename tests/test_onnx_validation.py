@@ -5,6 +5,7 @@ run time are checked before the kernel that reads them (the run fails with an er
 naming the node: ``RunError`` in Python, status 4 and ``<model>_last_error()`` in C)."""
 from __future__ import annotations
 
+import re
 import subprocess
 
 import numpy as np
@@ -367,3 +368,27 @@ def test_indices_computed_in_the_same_kernel_are_checked_after_it():
     with pytest.raises(RunError, match=r"'gather_fused' \(Gather\): index 4 at \[4\] of the "
                                        r"indices 'idx1' \[5\] .*valid: -4 to 3"):
         compiled(X, idx)
+
+
+def test_gather_elements_and_nd_check_their_indices():
+    m = model([node("GatherElements", ["x", "i"], ["y"], "ge", axis=1),
+               node("GatherND", ["x", "k"], ["z"], "gnd")],
+              [("x", F, (3, 3)), ("i", I64, (3, 2)), ("k", I64, (2, 2))],
+              [("y", F, None), ("z", F, None)])
+    compiled = polyc.compile_onnx(m, options=OPTIONS)
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    i = np.array([[0, -1], [2, 1], [-3, 0]], np.int64)
+    k = np.array([[0, -1], [2, 1]], np.int64)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]) \
+        .run(None, {"x": x, "i": i, "k": k})
+    for got, w in zip(compiled.run(None, {"x": x, "i": i, "k": k}), want):
+        np.testing.assert_array_equal(got, w)
+    for bad_i, bad_k, who in ((np.where(i == 2, 3, i), k, "'ge' (GatherElements)"),
+                              (i, np.where(k == 2, -4, k), "'gnd' (GatherND)")):
+        with pytest.raises(RunError, match=re.escape(f"node {who}: index")):
+            compiled.run(None, {"x": x, "i": bad_i, "k": bad_k})
+    # run-time indices over addressed axes of different extents: refused by name
+    uneven = model([node("GatherND", ["x", "k"], ["z"], "gnd")],
+                   [("x", F, (3, 4)), ("k", I64, (2, 2))], [("z", F, None)])
+    with pytest.raises(UnsupportedOpError, match="axes of different extents"):
+        polyc.compile_onnx(uneven, options=OPTIONS)
