@@ -463,6 +463,50 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray:
 
 # -- the graph ----------------------------------------------------------------------------
 
+#: the inputs of each op that polyc needs as constants (axes, pads, slice bounds, split
+#: sizes, K, shapes, scales): given as graph inputs they are the model's *parameters*
+PARAMETER_SLOTS: dict[str, tuple[int, ...]] = {
+    **{op: (1,) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
+                           "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+                           "ReduceSumSquare", "Split", "CumSum", "CumProd", "TopK",
+                           "Reshape", "Expand", "Tile", "Squeeze", "Unsqueeze", "OneHot",
+                           "Upsample", "Trilu")},
+    "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "ConstantOfShape": (0,),
+    "Range": (0, 1, 2)}
+
+
+def parameter_inputs(model: str | os.PathLike | bytes | onnx.ModelProto) -> list[str]:
+    """The graph inputs (not initializers) that some node takes as a parameter (see
+    :data:`PARAMETER_SLOTS`), in graph order: polyc compiles such a model for given
+    values of them (``compile_onnx(..., values=...)``)."""
+    proto, _ = read_model(model)
+    inits = {t.name for t in proto.graph.initializer}
+    graph_inputs = [i.name for i in proto.graph.input if i.name not in inits]
+    used = {n.input[k] for n in proto.graph.node for k in PARAMETER_SLOTS.get(n.op_type, ())
+            if n.domain in ("", "ai.onnx") and k < len(n.input) and n.input[k]}
+    return [name for name in graph_inputs if name in used]
+
+
+def fix_inputs(model: str | os.PathLike | bytes | onnx.ModelProto,
+               values: Mapping[str, Any]) -> onnx.ModelProto:
+    """The model with the graph inputs named in ``values`` turned into initializers of
+    those values (cast to the input's declared element type)."""
+    proto, where = read_model(model)
+    declared = {i.name: i for i in proto.graph.input}
+    inits = {t.name for t in proto.graph.initializer}
+    for name, value in values.items():
+        if name not in declared or name in inits:
+            raise CompileError(f"{where}: no graph input {name!r} to fix (inputs: "
+                               f"{', '.join(n for n in declared if n not in inits)})")
+        elem = declared[name].type.tensor_type.elem_type
+        array = np.asarray(value, dtype=helper.tensor_dtype_to_np_dtype(elem))
+        proto.graph.initializer.append(numpy_helper.from_array(array, name))
+    kept = [i for i in proto.graph.input if i.name not in values]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    return proto
+
+
 def load_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
                shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
     """Read, check and shape-infer an ONNX model into a static :class:`Graph`.

@@ -9,6 +9,13 @@ test runner can drive it::
 Keyword arguments of ``prepare``/``run_model``: ``options`` (a :class:`polyc.Options`),
 ``shapes`` (symbolic input dimensions) and ``progress``. Unsupported ops or dtypes raise
 (:class:`polyc.CompileError` subclasses) before any code is generated.
+
+A model whose graph inputs include *parameters* (a Reduce's axes, a Slice's bounds, Pad's
+pads, Split's sizes, TopK's K, a Reshape's shape: see
+:data:`polyc.frontend.onnx_import.PARAMETER_SLOTS`) is specialised on their values: the
+prepared model (:attr:`PolycBackendRep.parameters` names them) compiles at its first run
+for those values, and again for each new set of values (each compiled model is kept,
+keyed by the values); an unsupported op then raises at that run.
 """
 from __future__ import annotations
 
@@ -28,15 +35,34 @@ _RUN_NODE_IR_VERSION = 8
 
 
 class PolycBackendRep(BackendRep):
-    """A prepared (compiled and loaded) model."""
+    """A prepared model: compiled and loaded, or -- with :attr:`parameters` -- compiled
+    at each run for new values of those inputs (see the module doc)."""
 
-    def __init__(self, compiled: CompiledModel):
+    def __init__(self, compiled: CompiledModel | None, model: onnx.ModelProto | None = None,
+                 parameters: Sequence[str] = (), inputs: Sequence[str] = (),
+                 compile_args: Mapping[str, Any] | None = None):
         self.compiled = compiled
+        #: graph inputs the model is specialised on (compiled per set of their values)
+        self.parameters = tuple(parameters)
+        self._model, self._inputs = model, tuple(inputs)
+        self._args = dict(compile_args or {})
+        self._by_values: dict[tuple[Any, ...], CompiledModel] = {}
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self._inputs if self.parameters else tuple(self.compiled.input_names)
+
+    def _specialised(self, feed: dict[str, Any]) -> CompiledModel:
+        values = {p: np.asarray(feed.pop(p)) for p in self.parameters}
+        key = tuple((p, v.dtype.str, v.shape, v.tobytes()) for p, v in values.items())
+        if key not in self._by_values:
+            self._by_values[key] = compile_onnx(self._model, values=values, **self._args)
+        return self._by_values[key]
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Outputs in graph order for ``inputs``: arrays in the order of the graph's
         inputs (initializers excluded), a single array, or a dict name -> array."""
-        names = self.compiled.input_names
+        names = self.input_names
         if isinstance(inputs, Mapping):
             feed = dict(inputs)
         else:
@@ -47,8 +73,15 @@ class PolycBackendRep(BackendRep):
                 raise CallError(f"the model takes {len(names)} inputs ({', '.join(names)}), "
                                 f"got {n}")
             feed = dict(zip(names, inputs))
-        outs = self.compiled.run(None, feed)
-        return namedtupledict("Outputs", self.compiled.output_names)(*outs)
+        if self.parameters:
+            missing = [p for p in self.parameters if p not in feed]
+            if missing:
+                raise CallError(f"the model's parameters {missing} need values at each run")
+            compiled = self._specialised(feed)
+        else:
+            compiled = self.compiled
+        outs = compiled.run(None, feed)
+        return namedtupledict("Outputs", compiled.output_names)(*outs)
 
 
 class PolycBackend(Backend):
@@ -67,9 +100,16 @@ class PolycBackend(Backend):
         if not cls.supports_device(device):
             raise ValueError(f"polyc runs models on the CPU only, not on {device!r}")
         super().prepare(model, device, **kwargs)
-        compiled = compile_onnx(model, kwargs.get("shapes"), kwargs.get("options"),
-                                kwargs.get("progress", False), name=kwargs.get("name"))
-        return PolycBackendRep(compiled)
+        from .frontend.onnx_import import parameter_inputs, read_model
+        args = dict(shapes=kwargs.get("shapes"), options=kwargs.get("options"),
+                    progress=kwargs.get("progress", False), name=kwargs.get("name"))
+        params = parameter_inputs(model)
+        if params:
+            proto, _ = read_model(model)
+            inits = {t.name for t in proto.graph.initializer}
+            inputs = [i.name for i in proto.graph.input if i.name not in inits]
+            return PolycBackendRep(None, proto, params, inputs, args)
+        return PolycBackendRep(compile_onnx(model, **args))
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU",

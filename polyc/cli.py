@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", action="append", default=[], metavar="INPUT=D0,D1,...",
                    help="(.onnx) the static shape of an input with symbolic dimensions; "
                    "may be repeated")
+    c.add_argument("--value", action="append", default=[], metavar="INPUT=V0,V1,...",
+                   help="(.onnx) fix a graph input the model uses as a parameter (a "
+                   "Reduce's axes, a Slice's bounds, Pad's pads, a Reshape's shape...) to "
+                   "these values; a one-element list is a scalar; may be repeated")
     c.add_argument("-q", "--quiet", action="store_true",
                    help="(.onnx) no progress messages on stderr")
     c.add_argument("--emit", choices=EMITS, default="lib",
@@ -244,8 +248,26 @@ def _options(args: argparse.Namespace, specialize: bool) -> Options:
                    specialize=specialize, schedule=args.schedule, **extra)
 
 
+def _values(items: list[str]) -> dict[str, object]:
+    """``--value axes=0,2`` -> {"axes": [0, 2]} (a single value: a scalar)."""
+    out: dict[str, object] = {}
+    for item in items:
+        name, eq, text = item.rpartition("=")
+        try:
+            vals = [int(v) if v.strip().lstrip("-").isdigit() else float(v)
+                    for v in text.split(",")]
+        except ValueError:
+            vals = []
+        if not eq or not name or not vals:
+            raise SystemExit(f"polyc: error: --value expects INPUT=V0,V1,... (numbers), got "
+                             f"{item!r}")
+        out[name] = vals[0] if len(vals) == 1 else vals
+    return out
+
+
 def _compile_onnx(args: argparse.Namespace) -> int:
     from . import model
+    from .frontend.onnx_import import fix_inputs, parameter_inputs
 
     if args.emit not in ("lib", "c", "header", "cuda", "report"):
         raise SystemExit(f"polyc: error: --emit {args.emit} is for .tc files; a model emits "
@@ -256,7 +278,13 @@ def _compile_onnx(args: argparse.Namespace) -> int:
     options = _options(args, True)
     progress = False if args.quiet else True
     name = args.name or os.path.splitext(os.path.basename(args.file))[0]
-    program = model.lower_onnx(args.file, _shapes(args.shape) or None,
+    source = fix_inputs(args.file, _values(args.value)) if args.value else args.file
+    params = parameter_inputs(source)
+    if params:
+        raise SystemExit(f"polyc: error: the model's inputs {', '.join(params)} are parameters "
+                         "(axes, pads, bounds, sizes or shapes compiled in): give their values "
+                         f"with --value, e.g. --value {params[0]}=0,1")
+    program = model.lower_onnx(source, _shapes(args.shape) or None,
                                model.progress_printer(progress))
     if args.emit == "report":  # the static GPU report of every operator (nvcc, no GPU)
         from .codegen.gpu_report import model_report
@@ -294,8 +322,9 @@ def _compile(args: argparse.Namespace) -> int:
     if _language(args) == "onnx":
         _check_onnx(args.file)
         return _compile_onnx(args)
-    if args.shape:
-        raise SystemExit("polyc: error: --shape is for .onnx models (a .tc file takes --sizes)")
+    if args.shape or args.value:
+        raise SystemExit("polyc: error: --shape and --value are for .onnx models (a .tc file "
+                         "takes --sizes)")
     source = _read_tc(args.file)
     options = _options(args, bool(args.sizes))
     scop = None

@@ -276,9 +276,15 @@ def compile_onnx(model: str | os.PathLike | bytes | Any,
                  shapes: Mapping[str, Sequence[int]] | None = None,
                  options: Options | None = None, progress: bool | Progress = False, *,
                  name: str | None = None, output_dir: str | None = None,
-                 target: str | None = None, emulate: bool | None = None) -> CompiledModel:
+                 target: str | None = None, emulate: bool | None = None,
+                 values: Mapping[str, Any] | None = None) -> CompiledModel:
     """Compile an ONNX model (a path, serialized bytes or an ``onnx.ModelProto``).
 
+    ``values`` fixes graph inputs that the model uses as parameters (a Reduce's axes, a
+    Slice's bounds, Pad's pads, Split's sizes, TopK's K, a Reshape's shape...): they leave
+    the compiled model's inputs (``polyc.backend`` does this itself, per set of values,
+    at the first run; on the command line ``--value name=...``). A model with such
+    inputs and no values for them is refused with their names.
     ``shapes`` fixes symbolic input dimensions (``{"input": (1, 3, 224, 224)}``);
     ``progress=True`` reports each stage on stderr (or pass a callable taking a str).
     The C prefix is ``name``, else the file's stem, else the graph's name.
@@ -293,7 +299,19 @@ def compile_onnx(model: str | os.PathLike | bytes | Any,
             changes["emulate"] = emulate
         options = options.replace(**changes)
     say = progress_printer(progress)
-    program = lower_onnx(model, shapes, say)
     if name is None and isinstance(model, (str, os.PathLike)):
         name = os.path.splitext(os.path.basename(os.fspath(model)))[0]
+    from .frontend.onnx_import import fix_inputs, parameter_inputs
+    if values:
+        model = fix_inputs(model, values)
+    params = parameter_inputs(model)
+    if params:
+        from .frontend.onnx_graph import UnsupportedOpError
+        raise UnsupportedOpError(
+            f"the model's inputs {', '.join(map(repr, params))} are parameters (axes, pads, "
+            "bounds, sizes or shapes that polyc compiles in): give their values "
+            "(compile_onnx(..., values={name: array}); on the command line --value "
+            "name=v0,v1,...), or run the model through polyc.backend, which compiles it "
+            "for each set of values at the first run")
+    program = lower_onnx(model, shapes, say)
     return build_model(program, options, name=name, output_dir=output_dir, progress=say)

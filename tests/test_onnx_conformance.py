@@ -43,7 +43,13 @@ def test_node_case(case):
     except UnsupportedOpError as e:
         pytest.skip(f"refused: {str(e).splitlines()[0][:160]}")
     for inputs, outputs in case.data_sets:
-        got = rep.run([_array(x) for x in inputs])
+        try:  # a model with parameter inputs compiles at its first run
+            got = rep.run([_array(x) for x in inputs])
+        except UnsupportedOpError as e:
+            if not rep.parameters:
+                raise
+            pytest.skip(f"refused at the run (parameters {', '.join(rep.parameters)}): "
+                        f"{str(e).splitlines()[0][:160]}")
         assert len(got) >= len(outputs)
         for g, w in zip(got, outputs):
             w = _array(w)
