@@ -556,6 +556,20 @@ def constant_of_shape(node: Node, ctx: LowerContext) -> Lowered:
     return _fill(node, ctx, y, np.full(ctx.shape(y), v[0].item()))
 
 
+@register("Range")
+def range_(node: Node, ctx: LowerContext) -> Lowered:
+    """``y(i) = start + i * delta`` for constant start, limit and delta (given as graph
+    inputs they are parameters: the model is specialised on them, see polyc.backend)."""
+    start, limit, delta = (const_input(node, ctx, k, what)
+                           for k, what in enumerate(("start", "limit", "delta")))
+    y = node.outputs[0]
+    check_nonempty(node, ctx, y)
+    num = (lambda v: repr(float(v))) if ctx.dtype(y) in ("float32", "float64") else \
+        (lambda v: str(int(v)))
+    return Lowered([f"{lhs(ctx.name(y), ['i'])} = {num(start)} + i * {num(delta)}"
+                    f"{where(out_ranges(['i'], ctx.shape(y)))}"])
+
+
 @register("Constant")
 def constant(node: Node, ctx: LowerContext) -> Lowered:
     y = node.outputs[0]

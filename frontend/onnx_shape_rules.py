@@ -651,6 +651,17 @@ def _pad(v: NodeView) -> list[Shape | None] | None:
     return [tuple(out)]
 
 
+@_rule("Range")
+def _range(v: NodeView) -> list[Shape | None] | None:
+    start, limit, delta = v.const(0), v.const(1), v.const(2)
+    if start is None or limit is None or delta is None:
+        return None
+    if float(delta) == 0:
+        raise v.error("delta is 0")
+    n = int(max(np.ceil((float(limit) - float(start)) / float(delta)), 0))
+    return [(n,)]
+
+
 @_rule("ConstantOfShape")
 def _constant_of_shape(v: NodeView) -> list[Shape | None] | None:
     shape = v.ints(0)

@@ -141,6 +141,13 @@ def test_gather_nd():
                                                                          np.int64)))
 
 
+def test_range_of_constants():
+    for start, limit, delta, dt in ((1, 10, 3, np.int64), (10, -3, -4, np.int32),
+                                   (0.5, 2.0, 0.25, np.float32), (3.0, 1.0, -0.5, np.float64)):
+        consts = {k: np.array(v, dt) for k, v in zip(("s", "l", "d"), (start, limit, delta))}
+        check_node("Range", {}, consts=consts, opset=11)
+
+
 def test_gather_clamps_out_of_range_indices():
     x = rand(5, 3)
     i = ints(7, -9, 2)
