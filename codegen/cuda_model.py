@@ -349,8 +349,7 @@ def _check_code(c: Any, prog: Program, ptr: _Pointers) -> list[str]:
     ct = CTYPES[buf.dtype]
     nbytes = buf.size * ITEMSIZE[buf.dtype]
     shape = "{" + ", ".join(str(d) for d in buf.shape) + "}" if buf.shape else "{0}"
-    out = (f"((int64_t)polyc_h[polyc_i] < INT64_C({c.low})) | "
-           f"((int64_t)polyc_h[polyc_i] > INT64_C({c.high}))")
+    out = c.failing("polyc_h[polyc_i]")
     lit = model_c._c_string
     return [
         f"  {{  /* index check: every value of {model_c._safe(repr(c.buffer))} in "

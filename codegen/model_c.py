@@ -406,7 +406,7 @@ def _check_code(c, prog: Program, ptr: _Pointers) -> list[str]:
     p, i, bad = _CHECK_LOCALS
     shape = ("(const int64_t[]){" + ", ".join(str(d) for d in buf.shape) + "}"
              if buf.shape else "NULL")
-    out = f"((int64_t){p}[{i}] < INT64_C({c.low})) | ((int64_t){p}[{i}] > INT64_C({c.high}))"
+    out = c.failing(f"{p}[{i}]")
     return [
         f"  {{  /* index check: every value of {_safe(repr(c.buffer))} in "
         f"[{c.low}, {c.high}] */",

@@ -905,3 +905,105 @@ def einsum(node: Node, ctx: LowerContext) -> Lowered:
                                 f"graph says {ctx.rank(out)}")
     op = "+=!" if used - set(out_names) else "="
     return Lowered([stmt(ctx, out, out_names, op, " * ".join(reads))])
+
+
+# -- losses --------------------------------------------------------------------------------
+
+def _nll(node: Node, ctx: LowerContext, logp: Callable[[str], str], target: str,
+         weight: str | None, out: str, dt: str, classes: int) -> Lowered:
+    """The statements of ONNX's NegativeLogLikelihoodLoss over ``logp(c)`` (the log
+    probability of class expression ``c`` at the target's position), for
+    NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss: per element ``-logp(t) *
+    w(t)`` (0 where ``t == ignore_index``), then reduced by ``reduction`` (none, sum, or
+    mean: divided by the sum of the weights of the elements not ignored). Target values
+    are read at run time, clamped, and checked before the kernel (in ``[0, C)`` or
+    ``ignore_index``)."""
+    from polyc.program import IndexCheck
+    check_dtype_int = ctx.dtype(target)
+    if check_dtype_int not in ("int32", "int64"):
+        raise unsupported(node, f"target dtype {check_dtype_int} (expected int32 or int64)")
+    reduction = node.attr("reduction", "mean")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    if reduction not in ("none", "sum", "mean"):
+        raise unsupported(node, f"reduction={reduction!r} (expected none, sum or mean)")
+    ignore = node.attr("ignore_index")
+    tshape = ctx.shape(target)
+    ti = idx_names(len(tshape), "i")
+    t = ref(ctx, target, ti)
+    c = f"min(max({t}, 0), {classes - 1})"
+    w = ref(ctx, weight, [c]) if weight else lit(1, dt)
+    skip = f"{t} == {int(ignore)}" if ignore is not None else None
+    per = f"-({logp(c)}) * {w}"
+    if skip:
+        per = f"({skip} ? {lit(0, dt)} : {per})"
+    checks = () if ctx.const(target) is not None else (IndexCheck(
+        -1, target, 0, classes - 1, f"node {node.name!r} ({node.op_type}): target ",
+        f" of {target!r} is not a class in [0, {classes}) "
+        + (f"nor the ignore_index {int(ignore)}" if ignore is not None else ""),
+        allowed=None if ignore is None else int(ignore)),)
+    if reduction == "none":
+        return Lowered([stmt(ctx, out, ti, "=", per)], checks)
+    loss = ctx.temp("loss")
+    stmts = [temp_stmt(ctx, loss, ti, tshape, "=", per)]
+    red = [f"r{d}" for d in range(len(tshape))]
+    total = _tref(loss, red)
+    ranges_r = [f"{r} in 0:{n}" for r, n in zip(red, tshape)]
+    if reduction == "sum":
+        stmts.append(f"{ref(ctx, out, [])} +=! {total}" + where(ranges_r))
+        return Lowered(stmts, checks)
+    wsum, s = ctx.temp("wsum"), ctx.temp("sum")
+    if not weight and not skip:  # the mean over every element
+        count = int(np.prod(tshape, dtype=np.int64))
+        stmts += [f"{s} +=! {total}" + where(ranges_r),
+                  f"{ref(ctx, out, [])} = {s} / {lit(count, dt)}"]
+        return Lowered(stmts, checks)
+    tr = ref(ctx, target, red)
+    cr = f"min(max({tr}, 0), {classes - 1})"
+    wr = ref(ctx, weight, [cr]) if weight else lit(1, dt)
+    if skip:
+        wr = f"({tr} == {int(ignore)} ? {lit(0, dt)} : {wr})"
+    stmts += [f"{s} +=! {total}" + where(ranges_r), f"{wsum} +=! {wr}" + where(ranges_r),
+              f"{ref(ctx, out, [])} = {s} / {wsum}"]
+    return Lowered(stmts, checks)
+
+
+@register("NegativeLogLikelihoodLoss")
+def nll_loss(node: Node, ctx: LowerContext) -> Lowered:
+    """``loss = -input[n, target[n, d..], d..] * weight[target]`` (see :func:`_nll`)."""
+    x, target, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    dt = require_float(node, ctx, x)
+    weight = node.inputs[2] if present(node, 2) else None
+    shape = ctx.shape(x)
+    if len(shape) < 2:
+        raise unsupported(node, f"input of rank {len(shape)} (expected N x C x ...)")
+    ti = idx_names(len(shape) - 1, "i")
+    return _nll(node, ctx, lambda c: ref(ctx, x, [ti[0], c, *ti[1:]]), target, weight, out,
+                dt, shape[1])
+
+
+@register("SoftmaxCrossEntropyLoss")
+def softmax_cross_entropy(node: Node, ctx: LowerContext) -> Lowered:
+    """``log_prob = log_softmax(scores, axis 1)`` (the optional second output), then
+    NegativeLogLikelihoodLoss of it (see :func:`_nll`)."""
+    x, target, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    dt = require_float(node, ctx, x)
+    weight = node.inputs[2] if present(node, 2) else None
+    shape = ctx.shape(x)
+    if len(shape) < 2:
+        raise unsupported(node, f"scores of rank {len(shape)} (expected N x C x ...)")
+    full, red, kept, kshape = _split(shape, [1])
+    mx, s = ctx.temp("max"), ctx.temp("sum")
+    xr, xf = ref(ctx, x, red), ref(ctx, x, full)
+    stmts = [temp_stmt(ctx, mx, kept, kshape, "max=!", xr),
+             temp_stmt(ctx, s, kept, kshape, "+=!", f"exp({xr} - {_tref(mx, kept)})")]
+    value = f"{xf} - {_tref(mx, kept)} - log({_tref(s, kept)})"
+    if len(node.outputs) > 1 and node.outputs[1]:
+        lp_name = ctx.name(node.outputs[1])
+        stmts.append(stmt(ctx, node.outputs[1], full, "=", value))
+    else:
+        lp_name = ctx.temp("logp")
+        stmts.append(temp_stmt(ctx, lp_name, full, shape, "=", value))
+    ti = idx_names(len(shape) - 1, "i")
+    lowered = _nll(node, ctx, lambda c: _tref(lp_name, [ti[0], c, *ti[1:]]), target, weight,
+                   out, dt, shape[1])
+    return Lowered(stmts + list(lowered.statements), lowered.checks)

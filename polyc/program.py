@@ -65,6 +65,16 @@ class IndexCheck:
     prefix: str
     suffix: str
     after_step: bool = False
+    #: one more value allowed outside the range (a loss's ``ignore_index``)
+    allowed: int | None = None
+
+    def failing(self, value: str) -> str:
+        """C: whether ``value`` (an expression) breaks the check (0 or 1, branch-free)."""
+        out = f"((int64_t){value} < INT64_C({self.low})) | ((int64_t){value} > " \
+              f"INT64_C({self.high}))"
+        if self.allowed is not None:
+            out = f"(({out}) & ((int64_t){value} != INT64_C({self.allowed})))"
+        return out
 
 
 @dataclass(frozen=True, eq=False)

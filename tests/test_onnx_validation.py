@@ -392,3 +392,22 @@ def test_gather_elements_and_nd_check_their_indices():
                    [("x", F, (3, 4)), ("k", I64, (2, 2))], [("z", F, None)])
     with pytest.raises(UnsupportedOpError, match="axes of different extents"):
         polyc.compile_onnx(uneven, options=OPTIONS)
+
+
+def test_loss_targets_are_checked_except_the_ignore_index():
+    m = model([node("NegativeLogLikelihoodLoss", ["x", "t"], ["y"], "nll", ignore_index=-1,
+                    reduction="mean"),
+               node("SoftmaxCrossEntropyLoss", ["x", "t"], ["z", "lp"], "sce",
+                    ignore_index=-1, reduction="none")],
+              [("x", F, (4, 5)), ("t", I64, (4,))],
+              [("y", F, ()), ("z", F, (4,)), ("lp", F, (4, 5))])
+    compiled = polyc.compile_onnx(m, options=OPTIONS)
+    x = np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32)
+    t = np.array([0, -1, 4, 2], np.int64)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]) \
+        .run(None, {"x": x, "t": t})
+    for got, w in zip(compiled.run(None, {"x": x, "t": t}), want):
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RunError, match=re.escape("node 'nll' (NegativeLogLikelihoodLoss): "
+                                                 "target 5 at [2]")):
+        compiled.run(None, {"x": x, "t": np.array([0, -1, 5, 2], np.int64)})
