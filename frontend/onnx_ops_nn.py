@@ -489,6 +489,27 @@ def _shape_first(win: Window, box: list[tuple[int, int]], border: list[str],
     return [inner] + border
 
 
+@register("LpPool")
+def lp_pool(node: Node, ctx: LowerContext) -> Lowered:
+    """``(sum of |x|^p over the window's taps inside the input)^(1/p)`` (padding counts
+    0: the unguarded read restricts the sum to the taps inside)."""
+    x, y, dt, win, o, r, out_idx, ranges, xread = _pool_setup(node, ctx)
+    p = node.attr("p", 2)
+    p = float(p)
+    if p <= 0:
+        raise unsupported(node, f"p={p} (must be positive)")
+    term = (f"fabs({xread})" if p == 1 else f"{xread} * {xread}" if p == 2
+            else f"pow(fabs({xread}), {literal(p, dt)})")
+    target = lhs(ctx.name(y), out_idx)
+    root = (target if p == 1 else f"sqrt({target})" if p == 2
+            else f"pow({target}, {literal(1.0 / p, dt)})")
+    outs = ranges[:2 + len(o)]
+    stmts = [f"{target} +=! {term}{where(ranges)}"]
+    if p != 1:
+        stmts.append(f"{target} = {root}{where(outs)}")
+    return Lowered(stmts)
+
+
 @register("AveragePool")
 def average_pool(node: Node, ctx: LowerContext) -> Lowered:
     """A sum, divided by the window size: the elements inside the input

@@ -173,17 +173,25 @@ def view(node: Node, ctx: LowerContext) -> View:
 
 @register("Dropout")
 def dropout(node: Node, ctx: LowerContext) -> View:
-    """Inference Dropout is the identity. The ``mask`` output and training are unsupported."""
-    if len(node.outputs) > 1 and output_used(ctx, node.outputs[1]):
-        raise unsupported(node, "the mask output is not supported (inference only: "
-                                "supported is Dropout with only its first output used)")
+    """Inference Dropout is the identity (its ``mask`` output, when used: all true).
+    Training is unsupported."""
+    mask = len(node.outputs) > 1 and output_used(ctx, node.outputs[1])
     if len(node.inputs) > 2 and node.inputs[2]:
         mode = ctx.const(node.inputs[2])
         if mode is None or bool(np.asarray(mode).reshape(-1)[0]):
             raise unsupported(node, "training_mode must be a constant false (inference only)")
     if node.attr("is_test", 1) == 0 and ctx.graph.opset < 7:
         raise unsupported(node, "is_test=0 (training) is not supported")
-    return View(node.outputs[0], node.inputs[0])
+    if not mask:
+        return View(node.outputs[0], node.inputs[0])
+    # the mask of inference: every element kept
+    x, y, m = node.inputs[0], node.outputs[0], node.outputs[1]
+    check_nonempty(node, ctx, x)
+    idx = names("i", ctx.rank(x))
+    rng = where(out_ranges(idx, ctx.shape(x)))
+    keep = literal(1, ctx.dtype(m))
+    return Lowered([f"{lhs(ctx.name(y), idx)} = {read(ctx.name(x), idx)}{rng}",
+                    f"{lhs(ctx.name(m), idx)} = {keep}{rng}"])
 
 
 # -- data movement ----------------------------------------------------------------------

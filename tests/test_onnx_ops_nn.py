@@ -237,3 +237,17 @@ def test_ceil_mode_pool_shapes_rule():
     assert _pool_dims(same, [1, 1, 7, 9]) is None  # inference is right there
     floor = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2])
     assert _pool_dims(floor, [1, 1, 7, 9]) is None
+
+
+def test_lp_pool():
+    x = rand(2, 3, 7, 6)
+    check_node("LpPool", dict(x=x), kernel_shape=[3, 2], opset=18)  # p = 2
+    check_node("LpPool", dict(x=x), kernel_shape=[3, 2], p=3, pads=[1, 0, 1, 1],
+               strides=[2, 1], opset=18)
+    check_node("LpPool", dict(x=rand(1, 2, 9)), kernel_shape=[4], p=1, dilations=[2],
+               opset=18)
+
+
+def test_dropout_mask_of_inference():
+    got = check_node("Dropout", dict(x=rand(3, 4)), outputs=["y", "mask"], opset=13)
+    assert got["mask"].dtype == np.bool_ and got["mask"].all()
