@@ -967,15 +967,21 @@ def _nll(node: Node, ctx: LowerContext, logp: Callable[[str], str], target: str,
     return Lowered(stmts, checks)
 
 
+def _loss_operands(node: Node, ctx: LowerContext
+                   ) -> tuple[str, str, str | None, str, str, list[int]]:
+    """(scores, target, weight or None, output, dtype, the scores' shape N x C x ...)."""
+    x, target, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    dt = require_float(node, ctx, x)
+    shape = list(ctx.shape(x))
+    if len(shape) < 2:
+        raise unsupported(node, f"input of rank {len(shape)} (expected N x C x ...)")
+    return x, target, node.inputs[2] if present(node, 2) else None, out, dt, shape
+
+
 @register("NegativeLogLikelihoodLoss")
 def nll_loss(node: Node, ctx: LowerContext) -> Lowered:
     """``loss = -input[n, target[n, d..], d..] * weight[target]`` (see :func:`_nll`)."""
-    x, target, out = node.inputs[0], node.inputs[1], node.outputs[0]
-    dt = require_float(node, ctx, x)
-    weight = node.inputs[2] if present(node, 2) else None
-    shape = ctx.shape(x)
-    if len(shape) < 2:
-        raise unsupported(node, f"input of rank {len(shape)} (expected N x C x ...)")
+    x, target, weight, out, dt, shape = _loss_operands(node, ctx)
     ti = idx_names(len(shape) - 1, "i")
     return _nll(node, ctx, lambda c: ref(ctx, x, [ti[0], c, *ti[1:]]), target, weight, out,
                 dt, shape[1])
@@ -985,12 +991,7 @@ def nll_loss(node: Node, ctx: LowerContext) -> Lowered:
 def softmax_cross_entropy(node: Node, ctx: LowerContext) -> Lowered:
     """``log_prob = log_softmax(scores, axis 1)`` (the optional second output), then
     NegativeLogLikelihoodLoss of it (see :func:`_nll`)."""
-    x, target, out = node.inputs[0], node.inputs[1], node.outputs[0]
-    dt = require_float(node, ctx, x)
-    weight = node.inputs[2] if present(node, 2) else None
-    shape = ctx.shape(x)
-    if len(shape) < 2:
-        raise unsupported(node, f"scores of rank {len(shape)} (expected N x C x ...)")
+    x, target, weight, out, dt, shape = _loss_operands(node, ctx)
     full, red, kept, kshape = _split(shape, [1])
     mx, s = ctx.temp("max"), ctx.temp("sum")
     xr, xf = ref(ctx, x, red), ref(ctx, x, full)

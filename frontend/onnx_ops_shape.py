@@ -304,6 +304,15 @@ def slice_op(node: Node, ctx: LowerContext) -> Lowered:
                     f"{where(out_ranges(idx, ctx.shape(y)))}"])
 
 
+def _gather_operands(node: Node, ctx: LowerContext) -> tuple[str, str, str, int, int]:
+    """(data, indices, output, the axis, its extent) of a Gather / GatherElements."""
+    x, ind, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    check_nonempty(node, ctx, x, ind, y)
+    check_dtype(node, ctx, ind, ("int32", "int64"))
+    a = axis_attr(node, ctx.rank(x))
+    return x, ind, y, a, ctx.shape(x)[a]
+
+
 @register("Gather")
 def gather(node: Node, ctx: LowerContext) -> Lowered:
     """``Y[a.., q.., b..] = X[a.., I[q..], b..]``.
@@ -316,12 +325,7 @@ def gather(node: Node, ctx: LowerContext) -> Lowered:
     ``[-D, D)`` is an error in ONNX: a check before the kernel scans the indices once
     (:class:`polyc.program.IndexCheck`) and fails the run with a message naming the node.
     """
-    x, ind, y = node.inputs[0], node.inputs[1], node.outputs[0]
-    check_nonempty(node, ctx, x, ind, y)
-    check_dtype(node, ctx, ind, ("int32", "int64"))
-    r = ctx.rank(x)
-    a = axis_attr(node, r)
-    D = ctx.shape(x)[a]
+    x, ind, y, a, D = _gather_operands(node, ctx)
     qr = ctx.rank(ind)
     yi = names("i", ctx.rank(y))
     pre, q, post = yi[:a], yi[a:a + qr], yi[a + qr:]
@@ -343,14 +347,8 @@ def gather(node: Node, ctx: LowerContext) -> Lowered:
             value = None
     checks: tuple[IndexCheck, ...] = ()
     if value is None:
-        raw = read(ctx.name(ind), q)
-        wrapped = f"({raw} < 0 ? {raw} + {D} : {raw})"
-        index = f"min(max({wrapped}, 0), {D - 1})"
-    if value is None and ctx.const(ind) is None:  # constant indices were checked above
-        checks = (IndexCheck(-1, ind, -D, D - 1, f"node {node.name!r} (Gather): index ",
-                             f" of the indices {ind!r} {_dims(ctx.shape(ind))} is out of "
-                             f"range for axis {a} of {x!r} {_dims(ctx.shape(x))} (valid: "
-                             f"{-D} to {D - 1})"),)
+        index = _runtime_index(ctx.name(ind), q, D)
+        checks = _index_check(node, ctx, ind, D, f"axis {a} of {x!r} {_dims(ctx.shape(x))}")
     return Lowered([f"{lhs(ctx.name(y), yi)} = {read(ctx.name(x), pre + [index] + post)}"
                     f"{where(out_ranges(yi, ctx.shape(y)))}"], checks)
 
@@ -377,13 +375,8 @@ def _index_check(node: Node, ctx: LowerContext, ind: str, extent: int, what: str
 def gather_elements(node: Node, ctx: LowerContext) -> Lowered:
     """``Y[i..] = X[i.. with I[i..] at axis a]`` (indices read at run time: wrapped when
     negative, clamped, and checked before the kernel as for Gather)."""
-    x, ind, y = node.inputs[0], node.inputs[1], node.outputs[0]
-    check_nonempty(node, ctx, x, ind, y)
-    check_dtype(node, ctx, ind, ("int32", "int64"))
-    r = ctx.rank(x)
-    a = axis_attr(node, r)
-    D = ctx.shape(x)[a]
-    yi = names("i", r)
+    x, ind, y, a, D = _gather_operands(node, ctx)
+    yi = names("i", ctx.rank(x))
     index = _runtime_index(ctx.name(ind), yi, D)
     src = yi[:a] + [index] + yi[a + 1:]
     return Lowered([f"{lhs(ctx.name(y), yi)} = {read(ctx.name(x), src)}"

@@ -36,13 +36,12 @@ def test_views(case):
     assert isinstance(res, View) and (res.output, res.input) == ("y", "x")
 
 
-def test_dropout_mask_unsupported():
-    model = make_model("Dropout", dict(x=rand(3, 5)), ["y", "mask"])
-    graph = graph_of(model, {})
-    import dataclasses
-    graph = dataclasses.replace(graph, outputs=("y", "mask"))
-    with pytest.raises(UnsupportedOpError, match="n0.*Dropout.*mask"):
-        lower_node(graph)
+def test_dropout_training_is_refused():
+    # the mask of inference is supported (test_onnx_ops_nn); training (random) is not
+    model = make_model("Dropout", dict(x=rand(3, 5)), ["y", "mask"],
+                       dict(r=np.array(0.5, np.float32), t=np.array(True)), opset=13)
+    with pytest.raises(UnsupportedOpError, match="n0.*Dropout.*training_mode"):
+        lower_node(graph_of(model, {}))
 
 
 # -- data movement ----------------------------------------------------------------------
