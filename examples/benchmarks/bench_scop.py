@@ -43,8 +43,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -76,6 +74,7 @@ import polyc  # noqa: E402
 from polyc import expr as E  # noqa: E402
 from polyc.api import ScopOperator  # noqa: E402
 from polyc.codegen.runtime import NUMPY_DTYPES  # noqa: E402
+from polyc.schedule.scheduler import time_limited  # noqa: E402
 
 
 # -- hand schedules (the workbench) --------------------------------------------------------
@@ -227,38 +226,24 @@ def make_arrays(op: ScopOperator, sizes: dict[str, int],
 def compiles_in_time(op: polyc.Operator, sizes: dict[str, int],
                      seconds: float) -> tuple[str | None, float]:
     """(None if ``op`` compiles for ``sizes`` within ``seconds``, else why not: "timeout"
-    or the error; the seconds it took). Tried in a forked child, as isl's scheduler
-    cannot be interrupted; the parent compiles again at its first call (gcc's part then
-    comes from polyc's cache)."""
+    or the error; the seconds it took). Tried in a forked child (polyc's
+    :func:`~polyc.schedule.scheduler.time_limited`), as isl's scheduler cannot be
+    interrupted; the parent compiles again at its first call (gcc's part then comes from
+    polyc's cache)."""
     start = time.perf_counter()
     if seconds <= 0 or not hasattr(os, "fork"):
         return None, 0.0
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: compile, report, leave without Python's clean-up
-        code = 1
-        try:
-            os.close(r)
+
+    def compile_quietly() -> str:
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            try:
-                op.compiled_for(sizes)
-                code = 0
-            except Exception as err:  # any failure is reported by the parent's own call
-                os.write(w, f"{type(err).__name__}: {err}".encode()[:4000])
-        finally:
-            os._exit(code)
-    os.close(w)
-    try:
-        if not select.select([r], [], [], seconds)[0]:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return "timeout", seconds
-        message = os.read(r, 4000).decode(errors="replace")
-    finally:
-        os.close(r)
-    _, status = os.waitpid(pid, 0)
-    took = time.perf_counter() - start
-    return (None if status == 0 else message or f"the compiling child failed ({status})"), took
+            op.compiled_for(sizes)
+        return "ok"
+    try:  # a child that fails is run again here, which raises its error
+        done = time_limited(compile_quietly, seconds)
+    except Exception as err:  # noqa: BLE001 -- any failure is reported in the table
+        return f"{type(err).__name__}: {err}", time.perf_counter() - start
+    return (None if done is not None else "timeout"), time.perf_counter() - start
 
 
 def _short(text: str, n: int = 400) -> str:

@@ -118,27 +118,21 @@ SCHEDULER_SECONDS = 10.0
 def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
                     whole_component: bool) -> isl.Schedule:
     if whole_component and len(group) > 1:
-        sched = _within(kernel, lambda: _isl_schedule(kernel, deps, group, True),
-                        WHOLE_COMPONENT_SECONDS)
+        sched = _within_or_warn(
+            kernel, lambda: _isl_schedule(kernel, deps, group, True), WHOLE_COMPONENT_SECONDS,
+            "isl's scheduler did not fuse the whole component within {s} s; it is scheduled "
+            "as isl clusters it by default (as fusion='smart' within one run)")
         if sched is not None:
             return sched
-        warnings.warn(PolycWarning(
-            f"{kernel.name}: isl's scheduler did not fuse the whole component within "
-            f"{WHOLE_COMPONENT_SECONDS:g} s; it is scheduled as isl clusters it by default "
-            f"(as fusion='smart' within one run)"), stacklevel=2)
         whole_component = False
     if kernel.order and len(group) > 1:
         # statements sharing a C loop nest: isl's ILPs there can take minutes whatever
         # its operation budget says (heat-3d: three calls of 27 s); bound the time
-        sched = _within(kernel, lambda: _budgeted(kernel, deps, group, whole_component),
-                        SCHEDULER_SECONDS)
-        if sched is not None:
-            return sched
-        warnings.warn(PolycWarning(
-            f"{kernel.name}: isl's scheduler did not finish within {SCHEDULER_SECONDS:g} s "
-            f"on statements {', '.join(s.name for s in group)}; they keep the source's "
-            "loop nest"), stacklevel=2)
-        return _program_order(kernel, deps, group)
+        sched = _within_or_warn(
+            kernel, lambda: _budgeted(kernel, deps, group, whole_component), SCHEDULER_SECONDS,
+            f"isl's scheduler did not finish within {{s}} s on statements "
+            f"{', '.join(s.name for s in group)}; they keep the source's loop nest")
+        return sched if sched is not None else _program_order(kernel, deps, group)
     return _budgeted(kernel, deps, group, whole_component)
 
 
@@ -177,17 +171,27 @@ def _budgeted(kernel: Kernel, deps: Dependences, group: list[Statement],
     return sched
 
 
+def _within_or_warn(kernel: Kernel, fn: Callable[[], isl.Schedule], seconds: float,
+                    why: str) -> isl.Schedule | None:
+    """:func:`_within`, with a PolycWarning ``why`` (``{s}``: the seconds) past them."""
+    sched = _within(kernel, fn, seconds)
+    if sched is None:
+        warnings.warn(PolycWarning(f"{kernel.name}: {why.format(s=f'{seconds:g}')}"),
+                      stacklevel=3)
+    return sched
+
+
 def _within(kernel: Kernel, fn: Callable[[], isl.Schedule],
             seconds: float) -> isl.Schedule | None:
-    """``fn()`` computed in a forked child (:func:`_time_limited`), or None past
+    """``fn()`` computed in a forked child (:func:`time_limited`), or None past
     ``seconds``; computed here where there is no ``fork``."""
     if not hasattr(os, "fork"):
         return fn()
-    text = _time_limited(lambda: fn().to_str(), seconds)
+    text = time_limited(lambda: fn().to_str(), seconds)
     return None if text is None else isl.Schedule.read_from_str(kernel.context.get_ctx(), text)
 
 
-def _time_limited(fn: Callable[[], str], seconds: float) -> str | None:
+def time_limited(fn: Callable[[], str], seconds: float) -> str | None:
     """``fn()`` computed in a forked child, or None if it takes longer than ``seconds``
     (isl cannot be interrupted from Python; the child can be killed)."""
     r, w = os.pipe()
@@ -270,19 +274,16 @@ def compute_schedule(kernel: Kernel, deps: Dependences, options: Options) -> isl
         from .pluto import pluto_schedule
 
         try:
-            sched = _within(kernel, lambda: pluto_schedule(kernel, deps, options.fusion,
-                                                           options.diamond),
-                            SCHEDULER_SECONDS)
+            sched = _within_or_warn(
+                kernel, lambda: pluto_schedule(kernel, deps, options.fusion, options.diamond),
+                SCHEDULER_SECONDS, "the Pluto scheduler did not finish within {s} s (its "
+                "Farkas duals of large dependence polyhedra); using isl's scheduler")
         except ScheduleError as err:
             warnings.warn(PolycWarning(f"{kernel.name}: {err}; using isl's scheduler"),
                           stacklevel=3)
         else:
             if sched is not None:
                 return sched
-            warnings.warn(PolycWarning(
-                f"{kernel.name}: the Pluto scheduler did not finish within "
-                f"{SCHEDULER_SECONDS:g} s (its Farkas duals of large dependence "
-                "polyhedra); using isl's scheduler"), stacklevel=3)
     groups = fusion_groups(kernel, options.fusion)
     parts = [_schedule_group(kernel, deps, g, options.fusion == "max") for g in groups]
     if len(parts) == 1:

@@ -1038,11 +1038,8 @@ class ScheduleSpace:
                                 "or at the back (peel twice for both)")
         row = self._row(stmt)
         d = self._position(stmt, loop)
-        s = self.kernel.statement(stmt)
-        head = f"{params_prefix(self.kernel.sizes)}{{ {stmt}[{', '.join(s.iterators)}] -> "
-        outer = isl.Map(head + f"[{', '.join(x.expr for x in row[:d] if x.loop)}] }}") \
-            .intersect_domain(s.domain)
-        value = isl.Map(head + f"[{row[d].expr}] }}").intersect_domain(s.domain)
+        outer = _loop_map(self.kernel, stmt, ", ".join(x.expr for x in row[:d] if x.loop))
+        value = _loop_map(self.kernel, stmt, row[d].expr)
         values = outer.reverse().apply_range(value)  # outer loops -> the loop's values
         bound = values.lexmin() if front else values.lexmax()
         n = front or back
@@ -1164,9 +1161,8 @@ class ScheduleSpace:
         tied = (writes.apply_range(reads.reverse()) if first
                 else reads.apply_range(writes.reverse())).intersect_params(ctx)
         loops = [x for x in trow[:d + 1] if x.loop]
-        head = f"{params_prefix(self.kernel.sizes)}{{ {target}[{', '.join(t.iterators)}] -> "
-        times = isl.UnionMap.from_map(isl.Map(head + f"[{', '.join(x.expr for x in loops)}] }}")
-                                      .intersect_domain(t.domain))
+        times = isl.UnionMap.from_map(
+            _loop_map(self.kernel, target, ", ".join(x.expr for x in loops)))
         at = tied.apply_range(times)
         mine = isl.UnionSet.from_set(s.domain).intersect_params(ctx)
         if not mine.is_subset(at.domain()):
