@@ -215,3 +215,47 @@ def test_whole_model_gpu_report():
     assert text.count("\noperator ") == len(report.operators)
     with pytest.raises(polyc.CompileError, match="C target"):
         _ = polyc.compile_onnx(_path("mlp")).gpu_report
+
+
+def test_new_ops_on_the_cuda_target():
+    """GatherElements, GatherND, LpPool, Range and the two losses, through the emulation,
+    against onnxruntime on odd sizes; a target outside the classes is refused at the run
+    (the check runs on the device's buffer)."""
+    from onnx import TensorProto, helper, numpy_helper
+    F, I64 = TensorProto.FLOAT, TensorProto.INT64
+    nodes = [helper.make_node("GatherElements", ["x", "ie"], ["ge"], axis=1),
+             helper.make_node("GatherND", ["x", "ind"], ["gn"]),
+             helper.make_node("LpPool", ["img"], ["lp"], kernel_shape=[3, 2], p=2,
+                              pads=[1, 0, 1, 1]),
+             helper.make_node("Range", ["r0", "r1", "r2"], ["rg"]),
+             helper.make_node("NegativeLogLikelihoodLoss", ["x", "t"], ["nll"],
+                              reduction="mean", ignore_index=-1, name="nll"),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["x", "t"], ["sce"],
+                              reduction="sum", ignore_index=-1)]
+    g = helper.make_graph(nodes, "newops", [
+        helper.make_tensor_value_info("x", F, [5, 7]),
+        helper.make_tensor_value_info("ie", I64, [5, 3]),
+        helper.make_tensor_value_info("ind", I64, [2, 1]),
+        helper.make_tensor_value_info("img", F, [1, 3, 7, 5]),
+        helper.make_tensor_value_info("t", I64, [5])],
+        [helper.make_tensor_value_info(n, F, None) for n in ("ge", "gn", "lp", "nll", "sce")]
+        + [helper.make_tensor_value_info("rg", I64, [4])],
+        [numpy_helper.from_array(np.array(v, np.int64), n)
+         for n, v in (("r0", 3), ("r1", 14), ("r2", 3))])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)],
+                             ir_version=8).SerializeToString()
+    m = polyc.compile_onnx(data, target="cuda", emulate=True, name="newops")
+    rng = np.random.default_rng(5)
+    t = np.array([0, -1, 6, 3, 2], np.int64)
+    feed = {"x": rng.standard_normal((5, 7)).astype(np.float32),
+            "ie": rng.integers(-7, 7, (5, 3)).astype(np.int64),
+            "ind": np.array([[4], [-2]], np.int64),
+            "img": rng.standard_normal((1, 3, 7, 5)).astype(np.float32),
+            "t": t}
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(
+        ["ge", "gn", "lp", "nll", "sce", "rg"], feed)
+    got = m.run(["ge", "gn", "lp", "nll", "sce", "rg"], feed)
+    for g_, w in zip(got, want):
+        np.testing.assert_allclose(g_, w, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RunError, match=r"nll.*target 7 at \[2\]"):
+        m.run(None, dict(feed, t=np.array([0, -1, 7, 3, 2], np.int64)))

@@ -337,3 +337,18 @@ def test_registers_keep_a_tile_of_accumulators():
     fused = op.schedule_space().fuse(2, "S0", "S1")
     with pytest.raises(ScheduleError, match=r"not just S1"):
         fused.tile("S0", ("m", "n"), (4, 8)).registers("S1", "m")
+
+
+def test_rewrites_on_the_cuda_target():
+    """Rewritten kernels (a packed cache_read, rfactor, compute_inline) with bound loops,
+    through the CUDA emulation, on sizes that are not multiples of the blocks."""
+    op = polyc.define(SCALED_MM, target="cuda", emulate=True)
+    s = (op.schedule_space().compute_inline("S0").cache_read("S2", "B", (1, 0))
+         .rfactor("S2", "k", 3)
+         .bind("S2_1", "i0", "x").bind("S2_1", "i1", "y")
+         .bind("S2", "n", "x", 32).bind("S2", "m", "y", 4)
+         .bind("S2_3", "i0", "x").bind("S2_3", "i1", "y"))
+    fast = op.with_schedule(s)
+    for k, (sa, sb) in enumerate(SIZES):
+        A, B = random_inputs([(sa, "float32"), (sb, "float32")], k)
+        np.testing.assert_allclose(fast(A, B), (2 * A) @ B, rtol=1e-4, atol=1e-4)
