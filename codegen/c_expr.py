@@ -19,12 +19,37 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from polyc import dtypes as D
 from polyc import expr as E
 from polyc.errors import InternalError
 
-#: C type of each polyc dtype (``bool`` from <stdbool.h> is C's ``_Bool``, one byte like numpy's)
-CTYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t",
-          "bool": "bool"}
+#: C type of each polyc dtype's stored elements (``bool`` from <stdbool.h> is C's ``_Bool``,
+#: one byte like numpy's; float16 is gcc's ``_Float16``, bfloat16 its bits in a uint16_t)
+CTYPES = {d.name: d.ctype for d in D.BY_NAME.values()}
+
+
+def compute_ctype(dtype: str) -> str:
+    """The C type a value of ``dtype`` is held in while computing (float for float16)."""
+    d = D.get(dtype)
+    return CTYPES[d.compute] if d.storage_only else d.ctype
+
+
+def load(dtype: str, x: Piece) -> Piece:
+    """A stored element ``x`` of ``dtype`` as a value to compute with."""
+    if dtype == "float16":
+        return Piece(f"(float){x.at(PRIMARY)}", UNARY)
+    if dtype == "bfloat16":
+        return call("polyc_bf16_load", x)
+    return x
+
+
+def store(dtype: str, x: Piece) -> Piece:
+    """A computed value ``x`` of ``dtype`` as the element to store."""
+    if dtype == "float16":
+        return Piece(f"(_Float16){x.at(PRIMARY)}", UNARY)
+    if dtype == "bfloat16":
+        return call("polyc_bf16_store", x)
+    return x
 
 # -- identifiers ------------------------------------------------------------------------
 
@@ -128,6 +153,8 @@ def cast(dtype: str, x: Piece) -> Piece:
     """``x`` converted to ``dtype``; to bool as ``x != 0`` (gcc warns on ``(bool)(a * b)``)."""
     if dtype == "bool":
         return binary("!=", x, Piece("0"))
+    if D.get(dtype).storage_only:  # rounded to the type, held as a float
+        return call(f"polyc_round_{'f16' if dtype == 'float16' else 'bf16'}", x)
     return Piece(f"({CTYPES[dtype]}){x.at(PRIMARY)}", UNARY)
 
 
@@ -135,7 +162,7 @@ def select(c: Piece, a: Piece, b: Piece) -> Piece:
     return Piece(f"{c.at(OR)} ? {a.at(OR)} : {b.at(OR)}", COND)
 
 
-_INT_LIMITS = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
+_INT_LIMITS = {name: D.get(name).limits for name in D.INTS}
 
 
 def literal(value: float | bool, dtype: str) -> Piece:
@@ -144,21 +171,28 @@ def literal(value: float | bool, dtype: str) -> Piece:
         return Piece("true" if value else "false")
     if dtype in _INT_LIMITS:
         lo, hi = _INT_LIMITS[dtype]
-        tag = "INT32" if dtype == "int32" else "INT64"
+        tag = dtype.upper()
+        unsigned = dtype.startswith("u")
         if isinstance(value, float) and not math.isfinite(value):
             if math.isnan(value):
                 raise InternalError(f"NaN has no {dtype} value")
+            if value < 0 and unsigned:
+                return Piece("0")
             return Piece(f"{tag}_MAX" if value > 0 else f"{tag}_MIN",
                          PRIMARY if value > 0 else NEG_LITERAL)
         v = int(value)
         if v <= lo or v >= hi:
             if v not in (lo, hi):
                 raise InternalError(f"literal {v} does not fit {dtype}")
-            return Piece(f"{tag}_MAX" if v == hi else f"{tag}_MIN")
-        text = str(v) if -2**31 < v < 2**31 else f"INT64_C({v})"
+            if not (unsigned and v == 0):
+                return Piece(f"{tag}_MAX" if v == hi else f"{tag}_MIN")
+        text = (str(v) if -2**31 < v < 2**31 else f"UINT64_C({v})" if v >= 2**63
+                else f"INT64_C({v})")
+        if unsigned and v >= 2**31:
+            text = f"UINT{max(D.get(dtype).bits, 32)}_C({v})"
         return Piece(text, NEG_LITERAL if v < 0 else PRIMARY)
     f = float(value)
-    single = dtype == "float32"
+    single = dtype != "float64"
     if math.isnan(f):
         return Piece("NAN" if single else "(double)NAN", PRIMARY if single else UNARY)
     if math.isinf(f):
@@ -214,12 +248,19 @@ _LIBM = {"exp", "log", "sqrt", "tanh", "fabs", "pow", "sin", "cos", "tan",
 _HELPER = {"sigmoid": "polyc_sigmoid", "relu": "polyc_relu", "rsqrt": "polyc_rsqrt",
            "round": "rint",  # rint: round half to even, as numpy does
            "fmax": "polyc_fmax", "fmin": "polyc_fmin"}  # fmax's semantics, vectorizable
-_SUFFIX = {"int32": "_i32", "int64": "_i64"}
+#: the helpers' suffix of each integer dtype (narrow ones compute in 32 bits)
+_SUFFIX = {name: ("_u" if name.startswith("u") else "_i") + D.get(name).compute[-2:]
+           for name in D.INTS}
 
 
 def float_fn(name: str, dtype: str) -> str:
-    """The C name of a float function for ``dtype`` (``expf`` for float32)."""
-    return name + ("f" if dtype == "float32" else "")
+    """The C name of a float function for ``dtype`` (``expf`` for float32 and float16)."""
+    return name + ("f" if dtype != "float64" else "")
+
+
+def _wraps(dtype: str) -> bool:
+    """An integer dtype narrower than its arithmetic: results are wrapped back to it."""
+    return D.get(dtype).is_int and D.get(dtype).compute != dtype
 
 
 class BodyPrinter:
@@ -237,18 +278,27 @@ class BodyPrinter:
         #: arrays kept in a register tile's accumulator: array -> (C name, [(dim, offset)]
         #: or [(dim, offset, step)])
         self.promoted: dict[str, tuple[str, list[tuple[Any, ...]]]] = {}
+        self._exact: E.Expr | None = None
 
     def dtype(self, e: E.Expr) -> str:
         return E.infer_dtype(e, self.dtypes)
 
-    def expr(self, e: E.Expr, want: str) -> Piece:
-        """``e`` as a C expression of type ``want``."""
+    def expr(self, e: E.Expr, want: str, exact: bool = False) -> Piece:
+        """``e`` as a C expression of type ``want``.
+
+        float16 arithmetic rounds every result to float16, as float16 hardware (and
+        numpy, and onnxruntime) does; with ``exact``, ``e``'s own arithmetic operation does
+        not (a reduction's product, accumulated in float32 as BLAS libraries do)."""
+        if exact:
+            self._exact = e
         if isinstance(e, E.Const):
             v = e.value if e.dtype is None else _coerce(e.value, e.dtype)
             return literal(v, want)
         have = self.dtype(e)
         p = self._raw(e, have)
-        return p if have == want else cast(want, p)
+        if have == want or (D.get(have).storage_only and D.get(have).compute == want):
+            return p  # a float16 value is held as a float already
+        return cast(want, p)
 
     def element(self, array: str, indices: tuple[E.Expr, ...]) -> Piece:
         """``A[i*N + j]``: the row-major element of ``array``."""
@@ -275,20 +325,36 @@ class BodyPrinter:
         if isinstance(e, E.Size):
             return Piece(self.size_names[e.name])
         if isinstance(e, E.Read):
-            return self.element(e.array, e.indices)
+            element = self.element(e.array, e.indices)
+            return element if e.array in self.promoted else load(t, element)
         if isinstance(e, E.Cast):
             return cast(e.dtype, self.expr(e.x, self._own(e.x)))
         if isinstance(e, E.Unary):
-            x = self.expr(e.x, self._own(e.x) if e.op == "!" or t == "bool" else t)
-            return Piece(f"{'!' if e.op == '!' or t == 'bool' else '-'}{x.at(PRIMARY)}", UNARY)
+            if e.op == "!" or t == "bool":
+                return Piece(f"!{self.expr(e.x, self._own(e.x)).at(PRIMARY)}", UNARY)
+            if _wraps(t):
+                u = D.get(t).compute
+                return cast(t, Piece(f"-{self.expr(e.x, u).at(PRIMARY)}", UNARY))
+            return Piece(f"-{self.expr(e.x, t).at(PRIMARY)}", UNARY)
         if isinstance(e, E.Binary):
+            if _wraps(t) and e.op not in E.COMPARISONS:
+                return cast(t, self._binary(e, D.get(t).compute))
+            if self._rounds(e, t) and e.op not in E.COMPARISONS:
+                return cast(t, self._binary(e, t))
             return self._binary(e, t)
         if isinstance(e, E.Select):
             return select(self.expr(e.cond, self._own(e.cond)), self.expr(e.a, t),
                           self.expr(e.b, t))
         if isinstance(e, E.Call):
+            if _wraps(t):
+                return cast(t, self._call(e, D.get(t).compute))
+            if D.get(t).storage_only and e.fn not in ("max", "min", "abs", "fabs", "relu"):
+                return cast(t, self._call(e, t))
             return self._call(e, t)
         raise InternalError(f"cannot print expression {e!r}")
+
+    def _rounds(self, e: E.Expr, t: str) -> bool:
+        return D.get(t).storage_only and e is not self._exact
 
     def _own(self, e: E.Expr) -> str:
         """The type to print a truth value or cast operand in (literals: bool or their own)."""
@@ -311,7 +377,7 @@ class BodyPrinter:
             return (call("polyc_floord" + _SUFFIX[t], a, b) if t in _SUFFIX
                     else call(float_fn("floor", t), binary("/", a, b)))
         if op == "%":
-            return call("polyc_mod" + _SUFFIX.get(t, "f" if t == "float32" else ""), a, b)
+            return call("polyc_mod" + _SUFFIX.get(t, "f" if t != "float64" else ""), a, b)
         return binary(op, a, b)
 
     def _call(self, e: E.Call, t: str) -> Piece:
@@ -320,6 +386,10 @@ class BodyPrinter:
         if t == "bool":  # max/min/abs/relu of truth values
             return binary({"max": "||", "min": "&&"}[fn], *args) if fn in ("max", "min") \
                 else args[0]
+        if fn in E.BIT_OPS:
+            if t not in _SUFFIX:
+                raise InternalError(f"{fn} of a {t} value (integers only)")
+            return _bit_op(fn, t, args)
         if t in _SUFFIX:  # integer max/min/abs/relu
             if fn == "relu":
                 return call("polyc_max" + _SUFFIX[t], args[0], literal(0, t))
@@ -335,6 +405,29 @@ class BodyPrinter:
         raise InternalError(f"unknown built-in function {fn!r}")
 
 
+def _bit_op(fn: str, t: str, args: list[Piece]) -> Piece:
+    if fn == "bitnot":
+        return Piece(f"~{args[0].at(PRIMARY)}", UNARY)
+    if fn in ("bitand", "bitor", "bitxor"):  # & | ^ bind looser than comparisons: parenthesise
+        op = {"bitand": "&", "bitor": "|", "bitxor": "^"}[fn]
+        return Piece(f"({args[0].at(MUL)} {op} {args[1].at(MUL)})")
+    # as ONNX's BitShift: a count outside [0, width) gives 0 (a negative value shifted
+    # right: -1); a signed value shifts left as its unsigned bits (no overflow)
+    a, b = args
+    d = D.get(t)
+    in_range = binary("<", b, Piece(str(d.bits)))
+    if d.kind == "i":
+        in_range = binary("&&", binary(">=", b, Piece("0")), in_range)
+    if fn == "shl":
+        shifted = (Piece(f"({CTYPES[t]})((u{CTYPES[t]}){a.at(PRIMARY)} << {b.at(MUL)})", UNARY)
+                   if d.kind == "i" else Piece(f"({a.at(MUL)} << {b.at(MUL)})"))
+        return select(in_range, shifted, literal(0, t))
+    shifted = Piece(f"({a.at(MUL)} >> {b.at(MUL)})")
+    out = select(binary("<", a, Piece("0")), literal(-1, t), literal(0, t)) \
+        if d.kind == "i" else literal(0, t)
+    return select(in_range, shifted, Piece(f"({out.text})"))
+
+
 def _coerce(value: float | bool, dtype: str) -> int | float | bool:
     if dtype == "bool":
         return bool(value)
@@ -343,8 +436,17 @@ def _coerce(value: float | bool, dtype: str) -> int | float | bool:
     return value
 
 
-def update(op: str, target: Piece, value: Piece, dtype: str) -> str:
-    """The C statement ``target OP= value`` of a statement with combine operator ``op``."""
+def update(op: str, target: Piece, value: Piece, dtype: str, stored: bool = True) -> str:
+    """The C statement ``target OP= value`` of a statement with combine operator ``op``.
+
+    ``target`` is an element of an array of ``dtype`` (``stored``), or an accumulator
+    held in the type it computes in (a register tile's)."""
+    if stored and D.get(dtype).storage_only:  # float16: widen, combine, round back
+        old = load(dtype, target)
+        if op != "=":
+            value = (binary(op, old, value) if op in ("+", "*")
+                     else call(float_fn(_HELPER["f" + op], dtype), old, value))
+        return f"{target.text} = {store(dtype, value).text}"
     if op == "=":
         return f"{target.text} = {value.text}"
     if dtype == "bool":
@@ -364,6 +466,13 @@ def _prelude() -> str:
         "#include <stdint.h>", "#include <stdbool.h>", "#include <stdlib.h>",
         "#include <string.h>", "#include <math.h>", "#include <pthread.h>", "",
         "/* helpers: floor division and modulo round towards -infinity (as in isl and Python) */"]
+    for ct, sfx in (("uint32_t", "_u32"), ("uint64_t", "_u64")):
+        lines += [
+            f"static inline {ct} polyc_floord{sfx}({ct} a, {ct} b) {{ return a / b; }}",
+            f"static inline {ct} polyc_mod{sfx}({ct} a, {ct} b) {{ return a % b; }}",
+            f"static inline {ct} polyc_min{sfx}({ct} a, {ct} b) {{ return a < b ? a : b; }}",
+            f"static inline {ct} polyc_max{sfx}({ct} a, {ct} b) {{ return a > b ? a : b; }}",
+            f"static inline {ct} polyc_abs{sfx}({ct} a) {{ return a; }}"]
     for ct, sfx in (("int32_t", "_i32"), ("int64_t", "_i64")):
         lines += [
             (f"static inline {ct} polyc_floord{sfx}({ct} a, {ct} b) "
@@ -392,6 +501,25 @@ def _prelude() -> str:
              f"{{ const {ct} r = fmod{f}(a, b); return r == {zero} ? copysign{f}({zero}, b) "
              f": (r < {zero}) != (b < {zero}) ? r + b : r; }}")]
     lines += [
+        "/* float16 is computed in float: a value rounded to float16 and held as a float */",
+        "#define polyc_round_f16(x) ((float)(_Float16)(x))",
+        "/* bfloat16: the high half of a float's bits; rounded to nearest even, NaN kept */",
+        "static inline float polyc_bf16_load(uint16_t h)",
+        "{",
+        "  uint32_t u = (uint32_t)h << 16;",
+        "  float f;",
+        "  memcpy(&f, &u, sizeof f);",
+        "  return f;",
+        "}",
+        "static inline uint16_t polyc_bf16_store(float f)",
+        "{",
+        "  uint32_t u;",
+        "  memcpy(&u, &f, sizeof u);",
+        "  if ((u & 0x7fffffffu) > 0x7f800000u)",
+        "    return (uint16_t)((u >> 16) | 0x40u);",
+        "  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
+        "}",
+        "static inline float polyc_round_bf16(float f) { return polyc_bf16_load(polyc_bf16_store(f)); }",
         "/* bytes for count elements of elem bytes, rounded up to 64 */",
         "static inline size_t polyc_bytes(int64_t count, size_t elem)",
         "{",

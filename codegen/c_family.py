@@ -65,8 +65,11 @@ from .c_expr import (
     BodyPrinter,
     Namer,
     Piece,
+    compute_ctype,
     isl_expr,
+    load,
     loop_var,
+    store,
     update,
 )
 from .initial_values import reads_before_writing
@@ -259,7 +262,7 @@ class _Walker:
         kept = [d for d, size in enumerate(p.box) if size > 1] or [len(p.box) - 1]
         acc = "polyc_acc"
         code: list[cgen.Generable] = [cgen.Statement(
-            f"{CTYPES[dtype]} {acc}{''.join(f'[{p.box[d]}]' for d in kept)} "
+            f"{compute_ctype(dtype)} {acc}{''.join(f'[{p.box[d]}]' for d in kept)} "
             f"{self.dialect.accumulator_attribute}".rstrip())]
         code += [cgen.Statement(f"const {it} polyc_lo{d} = {self._isl(e).text}")
                  for d, e in enumerate(p.lo)]
@@ -267,8 +270,9 @@ class _Walker:
         names = {f"polyc_i{d}": f"(polyc_lo{d} + polyc_r{d})" if d in kept else f"polyc_lo{d}"
                  for d in range(len(p.box))}
         printer = self.sym.printer(self.kernel, names)
-        element = printer.element(p.array, tuple(E.Index(f"polyc_i{d}")
-                                                 for d in range(len(p.box)))).text
+        stored = printer.element(p.array, tuple(E.Index(f"polyc_i{d}")
+                                                for d in range(len(p.box))))
+        element = stored.text
         local = acc + "".join(f"[polyc_r{d}]" for d in kept)
 
         def copy(stmt: str) -> cgen.Generable:
@@ -286,11 +290,11 @@ class _Walker:
             inner = self.node(body, pending, in_parallel)
         finally:
             del self.promoted[p.array]
-        start = element
+        start = load(dtype, stored).text
         if p.init:  # the reduction's initial constant (its statement is not scheduled)
             start = printer.expr(self.kernel.statement(p.init).value, dtype).text
         return [cgen.Block(code + [copy(f"{local} = {start}")] + inner
-                           + [copy(f"{element} = {local}")])]
+                           + [copy(f"{element} = {store(dtype, Piece(local)).text}")])]
 
     def _isl(self, e: isl.AstExpr) -> Piece:
         return isl_expr(e, self.isl_names)
@@ -339,7 +343,9 @@ class _Walker:
         printer.promoted = self.promoted
         dtype = self.kernel.array(stmt.write.array).dtype
         target = printer.element(stmt.write.array, stmt.write.indices)
-        code = cgen.Statement(update(stmt.op, target, printer.expr(stmt.value, dtype), dtype))
+        value = printer.expr(stmt.value, dtype, exact=stmt.is_reduction)
+        code = cgen.Statement(update(stmt.op, target, value, dtype,
+                                     stored=stmt.write.array not in printer.promoted))
         return cgen.Block(decls + [code]) if decls else code
 
 

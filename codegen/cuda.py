@@ -50,8 +50,9 @@ from typing import Any
 import cgen
 import islpy as isl
 
+from polyc import dtypes as D
 from polyc import expr as E
-from polyc.errors import InternalError
+from polyc.errors import InternalError, UnsupportedError
 from polyc.ir import Access, Kernel
 from polyc.options import Options
 
@@ -168,6 +169,11 @@ def device_kernels(kernel: Kernel, kernels: list[GpuKernel], options: Options,
     """The ``__global__`` functions of ``kernel`` mapped as ``kernels``, named
     ``<prefix><index>``, and how to launch each (a model's library prints several
     operators' kernels in one file, each with its own prefix)."""
+    for arr in kernel.arrays:
+        if D.get(arr.dtype).storage_only:
+            raise UnsupportedError(
+                f"array {arr.name!r} of kernel {kernel.name!r} has dtype {arr.dtype}, which "
+                f"the CUDA target does not compile yet (the C target does)")
     dialect = CudaDialect()
     sym = sym or _Symbols.of(kernel)
     device, launches = [], []

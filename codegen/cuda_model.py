@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from polyc import dtypes as D
 from polyc import expr as E
 from polyc.ir import Kernel
 from polyc.options import Options
@@ -48,7 +49,7 @@ from .memplan import ALIGN, round_up
 from .model_runtime import ModelFiles
 from .nvcc import build_cuda
 from .weights import digest, write_atomically
-from .model import ITEMSIZE, ModelSource, _arg_arrays, _interface, _storage, kernel_key
+from .model import ModelSource, _arg_arrays, _interface, _storage, kernel_key
 
 #: ``map(kernel) -> (kernel, gpu kernels)``: scheduling and :mod:`polyc.schedule.gpu_map`
 GpuMapper = Callable[[Kernel], "tuple[Kernel, list[Any]]"]
@@ -119,7 +120,7 @@ def _bytes(kernel: Kernel, array: str) -> int:
     n = 1
     for d in a.shape:
         n *= E.evaluate(d, dict(kernel.fixed_sizes))
-    return n * ITEMSIZE[a.dtype]
+    return n * D.itemsize(a.dtype)
 
 
 def _params(p: model_c.Parts) -> str:
@@ -305,7 +306,7 @@ def _steps(p: model_c.Parts, ops: list[_Operator], arena: int) -> str:
             if arr.role == "output" and reads_initial_values(step.kernel, arr.name):
                 b = prog.buffer(a)
                 body.append(f"  POLYC_CHECK(\"cudaMemset\", cudaMemset((void *){ptr.get(a)}, 0, "
-                            f"{b.size * ITEMSIZE[b.dtype]}u));")
+                            f"{b.size * D.itemsize(b.dtype)}u));")
         offset = p.plan.arena_bytes
         for t in kernel.temporaries:
             ct = CTYPES[t.dtype]
@@ -327,7 +328,7 @@ def _steps(p: model_c.Parts, ops: list[_Operator], arena: int) -> str:
                  for ln in _check_code(c, prog, ptr)]
     for i, src in p.copies:
         out = p.outputs[i]
-        size = prog.buffer(prog.outputs[i]).size * ITEMSIZE[out.dtype]
+        size = prog.buffer(prog.outputs[i]).size * D.itemsize(out.dtype)
         body.append(f"  POLYC_CHECK(\"cudaMemcpy (an output sharing storage)\", "
                     f"cudaMemcpy({out.cname}, {ptr.get(src)}, {size}u, "
                     "cudaMemcpyDeviceToDevice));")
@@ -347,7 +348,7 @@ def _check_code(c: Any, prog: Program, ptr: _Pointers) -> list[str]:
     """One :class:`polyc.program.IndexCheck`: the buffer copied to the host, checked."""
     buf = prog.buffer(c.buffer)
     ct = CTYPES[buf.dtype]
-    nbytes = buf.size * ITEMSIZE[buf.dtype]
+    nbytes = buf.size * D.itemsize(buf.dtype)
     shape = "{" + ", ".join(str(d) for d in buf.shape) + "}" if buf.shape else "{0}"
     out = c.failing("polyc_h[polyc_i]")
     lit = model_c._c_string
@@ -454,7 +455,7 @@ def _tensor_bytes(t: Any) -> int:
     n = 1
     for d in t.shape:
         n *= d
-    return n * ITEMSIZE[t.dtype]
+    return n * D.itemsize(t.dtype)
 
 
 def write_cuda_model_files(source: ModelSource, weights_blob: bytes, options: Options,

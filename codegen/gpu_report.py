@@ -30,6 +30,7 @@ from typing import Any
 
 import islpy as isl
 
+from polyc import dtypes as D
 from polyc import expr as E
 from polyc.errors import ToolchainError
 from polyc.ir import Access, Kernel, Statement
@@ -58,7 +59,6 @@ SM_LIMITS = {
     90: SmLimits(65536, 2048, 32, 228 * 1024),
 }
 WARP = 32
-ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 REGISTER_GRANULE = 256  # registers are allocated per warp in units of 256
 
 
@@ -335,7 +335,7 @@ def _accesses(kernel: Kernel, gk: GpuKernel) -> list[AccessReport]:
             if sa is not None:
                 _, box_stride, _ = _verdict(kernel, s, acc, tuple(E.Const(b) for b in sa.box),
                                             pairs)
-                conflicts = bank_conflicts(box_stride, ITEMSIZE[arr.dtype]) \
+                conflicts = bank_conflicts(box_stride, D.itemsize(arr.dtype)) \
                     if box_stride is not None else None
             out.append(AccessReport(name, kind, acc.array, text, verdict, stride,
                                     sa is not None, conflicts, detail))

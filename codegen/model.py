@@ -34,6 +34,7 @@ from typing import Any
 
 import islpy as isl
 
+from polyc import dtypes as D
 from polyc import expr as E
 from polyc.errors import InternalError
 from polyc.ir import Access, Array, Kernel, Statement
@@ -49,7 +50,6 @@ from .weights import WeightsLayout, plan_weights
 
 #: ``schedule(kernel) -> (kernel, schedule)``: the pipeline's stages check .. legality
 Scheduler = Callable[[Kernel], "tuple[Kernel, isl.Schedule]"]
-ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def _storage(program: Program) -> tuple[dict[str, tuple[str, int]], MemoryPlan,
     uses = [(s, program.root(a)) for s, step in enumerate(program.steps) for a in step.args]
     end = len(program.steps)
     uses += [(end, root) for _, root in copies]
-    sizes = {b.name: b.size * ITEMSIZE[b.dtype] for b in program.buffers
+    sizes = {b.name: b.size * D.itemsize(b.dtype) for b in program.buffers
              if program.root(b.name) == b.name and b.name not in storage}
     plan = plan_memory(lifetimes(uses, sizes))
     storage.update({n: ("arena", off) for n, off in plan.offsets.items()})
@@ -223,7 +223,7 @@ def _statement_key(s: Statement) -> str:
 
 
 def itemsize(dtype: str) -> int:
-    return ITEMSIZE[dtype]
+    return D.itemsize(dtype)
 
 
 def ctype(dtype: str) -> str:

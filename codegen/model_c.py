@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from polyc import dtypes as D
 from polyc.program import Program
 
 from .c_expr import CTYPES, PRELUDE, Namer
@@ -12,7 +13,6 @@ from .c_family import CFunction
 from .memplan import ALIGN, MemoryPlan
 from .weights import ENTRY, HEADER, MAGIC, VERSION, WeightsLayout
 
-ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
 STATUS_DOC = """\
 run returns 0 on success, 1 when an argument is NULL (or the workspace is NULL or not
@@ -363,7 +363,7 @@ def _steps(p: Parts) -> str:
                 body += _check_code(c, prog, ptr)
         for a in p.zero.get(s, []):
             b = prog.buffer(a)
-            body.append(f"  memset({ptr.get(a)[0]}, 0, {b.size * ITEMSIZE[b.dtype]}u);")
+            body.append(f"  memset({ptr.get(a)[0]}, 0, {b.size * D.itemsize(b.dtype)}u);")
         args = ", ".join(ptr.get(a)[0] for a in step.args)
         body += [f"  polyc_status = {calls[s]}({args});",
                  "  if (polyc_status != 0)",
@@ -373,7 +373,7 @@ def _steps(p: Parts) -> str:
                 body += _check_code(c, prog, ptr)
     for i, src in p.copies:
         out = p.outputs[i]
-        size = prog.buffer(prog.outputs[i]).size * ITEMSIZE[out.dtype]
+        size = prog.buffer(prog.outputs[i]).size * D.itemsize(out.dtype)
         body.append(f"  memcpy({out.cname}, {ptr.get(src)[0]}, {size}u);  "
                     f"/* output {i} shares storage */")
     head = ["  const unsigned char *const polyc_w = model->weights;"] if ptr.uses_weights \

@@ -103,8 +103,10 @@ class ModelLibrary:
         self._input_names = frozenset(t.name for t in source.inputs)
         self._output_specs = tuple((tuple(t.shape), NUMPY_DTYPES[t.dtype])
                                    for t in source.outputs)
+        # (ml_dtypes' bfloat16 has no buffer-protocol format: those take numpy's path)
         self._outputs_nonempty = all(np.prod(shape, dtype=np.int64) > 0
-                                     for shape, _ in self._output_specs)
+                                     and dtype.kind != "V" and dtype.char != "E"
+                                     for shape, dtype in self._output_specs)
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run on ``arrays`` (checked: exact dtype and shape, C-contiguous, aligned);

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from polyc import dtypes as D
 from polyc import expr as E
 from polyc import limits
 from polyc.errors import CallError
@@ -26,9 +27,7 @@ from .c_family import CSource
 from .device_array import DeviceView, device_view, is_device_array
 
 #: numpy dtype of each polyc dtype (numpy's bool is one byte holding 0 or 1, like C's bool)
-NUMPY_DTYPES = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
-                "int32": np.dtype(np.int32), "int64": np.dtype(np.int64),
-                "bool": np.dtype(np.bool_)}
+NUMPY_DTYPES = {name: D.numpy_dtype(name) for name in D.ORDER}
 
 _LIBRARIES: dict[str, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
@@ -104,9 +103,9 @@ def _scalar_fits(x: bool | float, dtype: str) -> bool:
     if isinstance(x, bool):
         return dtype == "bool"
     if isinstance(x, int):
-        if dtype in ("int32", "int64"):
-            info = np.iinfo(NUMPY_DTYPES[dtype])
-            return info.min <= x <= info.max
+        if dtype in D.INTS:
+            lo, hi = D.get(dtype).limits
+            return lo <= x <= hi
         return dtype != "bool"
     return dtype in E.FLOAT_DTYPES
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from polyc import dtypes as D
 from polyc.errors import CompileError
 from polyc.program import IndexCheck
 
@@ -105,8 +106,7 @@ def supported_ops() -> list[str]:
     return sorted(REGISTRY)
 
 
-_TC_DTYPE = {"float32": "float", "float64": "double", "int32": "int32", "int64": "int64",
-             "bool": "bool"}
+_TC_DTYPE = {d.name: d.tc for d in D.BY_NAME.values()}
 
 
 class LowerContext:
@@ -204,7 +204,7 @@ def literal(value: float | int | bool, dtype: str) -> str:
     """A TC literal of ``value`` in ``dtype`` (``1.0``, ``-inf`` as ``(-1.0/0.0)``...)."""
     if dtype == "bool":
         return "1" if value else "0"
-    if dtype in ("int32", "int64"):
+    if dtype in D.INTS:
         return str(int(value))
     v = float(value)
     if np.isnan(v):

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from polyc import dtypes as D
 from polyc.errors import CompileError
 
 from .onnx_graph import Graph, Node, TensorInfo, UnsupportedOpError
@@ -36,12 +37,12 @@ from .onnx_validate import OnnxValidationError, check_declared_dims, check_opset
     check_outputs, expected_outputs
 
 #: ONNX element type -> polyc dtype
-DTYPES = {TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64",
-          TensorProto.INT32: "int32", TensorProto.INT64: "int64", TensorProto.BOOL: "bool"}
+DTYPES = {getattr(TensorProto, {"float32": "FLOAT", "float64": "DOUBLE"}.get(n, n.upper())): n
+          for n in D.ORDER}
 #: polyc dtype -> numpy dtype
-NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
-         "int64": np.int64, "bool": np.bool_}
+NUMPY = {n: D.numpy_dtype(n) for n in D.ORDER}
 STANDARD_DOMAINS = ("", "ai.onnx")
+_SUPPORTED = ", ".join(D.ORDER)
 
 
 def onnx_type_name(elem_type: int) -> str:
@@ -199,7 +200,7 @@ def _apply_shapes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | 
             raise UnsupportedOpError(
                 f"tensor {inp.name!r} (graph input) has dtype "
                 f"{onnx_type_name(inp.type.tensor_type.elem_type)}, which polyc does not "
-                f"support (supported: float, double, int32, int64, bool)")
+                f"support (supported: {_SUPPORTED})")
         dims = _dims(inp.type)
         if dims is None or any(not isinstance(d, int) for d in dims):
             example = ",".join(str(d) if isinstance(d, int) else "1" for d in (dims or []))
@@ -589,7 +590,7 @@ def _to_graph(proto: onnx.ModelProto, where: str, strict_error: str | None = Non
         if elem not in DTYPES:
             raise UnsupportedOpError(f"tensor {name!r} ({made_by}) has dtype "
                                      f"{onnx_type_name(elem)}, which polyc does not support "
-                                     f"(supported: float, double, int32, int64, bool)")
+                                     f"(supported: {_SUPPORTED})")
         dims = _dims(vi.type)
         if dims is None or any(not isinstance(d, int) for d in dims):
             # the graph's inputs are static by now: the shape depends on data
@@ -657,7 +658,7 @@ def _dtype_of_numpy(dt: np.dtype, name: str, made_by: str) -> str:
         if np.dtype(np_dtype) == dt:
             return polyc_dtype
     raise UnsupportedOpError(f"tensor {name!r} ({made_by}) has dtype {dt}, which polyc does not "
-                             f"support (supported: float, double, int32, int64, bool)")
+                             f"support (supported: {_SUPPORTED})")
 
 
 def graph_to_model(graph: Graph, ir_version: int = 8) -> onnx.ModelProto:

@@ -27,6 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from polyc import dtypes as D
 from polyc.errors import CompileError, InternalError
 from polyc.inline import inline_pointwise
 from polyc.ir import Kernel
@@ -44,8 +45,7 @@ from .onnx_graph import (
     supported_ops,
 )
 
-_TC_DTYPE = {"float32": "float", "float64": "double", "int32": "int32", "int64": "int64",
-             "bool": "bool"}
+_TC_DTYPE = {d.name: d.tc for d in D.BY_NAME.values()}
 ProgressFn = Callable[[int, int, Sequence[str]], None]
 
 
@@ -62,6 +62,8 @@ def load_lowerings() -> None:
     except ImportError as e:
         if "onnx_ops_shape" not in str(e):
             raise
+    from . import onnx_ops_attention  # noqa: F401
+    from . import onnx_ops_quant  # noqa: F401
 
 
 def check_supported(graph: Graph) -> None:

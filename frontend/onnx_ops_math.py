@@ -18,12 +18,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from polyc import dtypes as D
+
 from .onnx_graph import LowerContext, Lowered, Node, UnsupportedOpError, literal, register
 
-FLOATS = ("float32", "float64")
-INTS = ("int32", "int64")
-_CAST = {"float32": "float", "float64": "double", "int32": "int32", "int64": "int64",
-         "bool": "bool"}
+FLOATS = D.FLOATS
+INTS = D.INTS
+_CAST = {d.name: d.tc for d in D.BY_NAME.values()}
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -113,7 +114,7 @@ def require_float(node: Node, ctx: LowerContext, tensor: str) -> str:
     dt = ctx.dtype(tensor)
     if dt not in FLOATS:
         raise unsupported(node, f"input {tensor!r} has dtype {dt}; this op is lowered for "
-                                f"float32 and float64 only")
+                                f"floating-point types only")
     return dt
 
 
@@ -161,6 +162,29 @@ register("LessOrEqual")(_binary("<="))
 register("Greater")(_binary(">"))
 register("GreaterOrEqual")(_binary(">="))
 register("And")(_binary("&&"))
+
+
+def _bitwise(fn: str):
+    def lower(node: Node, ctx: LowerContext) -> Lowered:
+        dt = ctx.dtype(node.inputs[0])
+        if dt not in INTS:
+            raise unsupported(node, f"dtype {dt} of {node.inputs[0]!r} (integers only)")
+        if node.op_type == "BitShift":
+            d = node.attr("direction", "")
+            d = d.decode() if isinstance(d, bytes) else d
+            if d not in ("LEFT", "RIGHT"):
+                raise unsupported(node, f"direction {d!r} (LEFT or RIGHT)")
+            name = "shl" if d == "LEFT" else "shr"
+            return elementwise(node, ctx, lambda a, b: f"{name}({a}, {b})")
+        if fn == "bitnot":
+            return elementwise(node, ctx, lambda a: f"bitnot({a})")
+        return elementwise(node, ctx, lambda a, b: f"{fn}({a}, {b})")
+    return lower
+
+
+for _op, _fn in (("BitwiseAnd", "bitand"), ("BitwiseOr", "bitor"), ("BitwiseXor", "bitxor"),
+                 ("BitwiseNot", "bitnot"), ("BitShift", "")):
+    register(_op)(_bitwise(_fn))
 register("Or")(_binary("||"))
 register("Xor")(_binary("!="))
 
@@ -314,7 +338,7 @@ for _op, (_tmpl, _float_only) in UNARY.items():
 @register("IsInf")
 def isinf(node: Node, ctx: LowerContext) -> Lowered:
     dt = require_float(node, ctx, node.inputs[0])
-    big = _f(float(np.finfo(np.float32 if dt == "float32" else np.float64).max), dt)
+    big = _f(float(np.finfo(D.numpy_dtype(dt)).max), dt)
     pos, neg = node.attr("detect_positive", 1), node.attr("detect_negative", 1)
     conds = ([f"{{a}} > {big}"] if pos else []) + ([f"{{a}} < -{big}"] if neg else [])
     if not conds:
@@ -415,8 +439,16 @@ def batchnorm(node: Node, ctx: LowerContext) -> Lowered:
 
 @register("MatMul")
 def matmul(node: Node, ctx: LowerContext) -> Lowered:
-    a, b = node.inputs[0], node.inputs[1]
-    out = node.outputs[0]
+    a, b, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    out_idx, a_idx, b_idx = matmul_indices(node, ctx, a, b, out)
+    value = f"{ref(ctx, a, a_idx)} * {ref(ctx, b, b_idx)}"
+    return Lowered([stmt(ctx, out, out_idx, "+=!", value)])
+
+
+def matmul_indices(node: Node, ctx: LowerContext, a: str, b: str, out: str
+                   ) -> tuple[list[str], list[str], list[str]]:
+    """numpy matmul's indices of ``out``, ``a`` and ``b`` (batch dimensions broadcast,
+    1-D operands promoted); the reduction index is ``r_k``."""
     ra, rb, ro = ctx.rank(a), ctx.rank(b), ctx.rank(out)
     if ra == 0 or rb == 0:
         raise unsupported(node, "MatMul of a rank-0 operand")
@@ -432,10 +464,7 @@ def matmul(node: Node, ctx: LowerContext) -> Lowered:
         nbt = len(shape) - len(core)
         off = nb - nbt
         return ["0" if shape[d] == 1 else batch[off + d] for d in range(nbt)] + core
-    a_idx = batch_idx(a, [m, k] if m else [k])
-    b_idx = batch_idx(b, [k, n] if n else [k])
-    value = f"{ref(ctx, a, a_idx)} * {ref(ctx, b, b_idx)}"
-    return Lowered([stmt(ctx, out, out_idx, "+=!", value)])
+    return out_idx, batch_idx(a, [m, k] if m else [k]), batch_idx(b, [k, n] if n else [k])
 
 
 @register("Gemm")
@@ -920,7 +949,7 @@ def _nll(node: Node, ctx: LowerContext, logp: Callable[[str], str], target: str,
     ``ignore_index``)."""
     from polyc.program import IndexCheck
     check_dtype_int = ctx.dtype(target)
-    if check_dtype_int not in ("int32", "int64"):
+    if check_dtype_int not in D.INTS:
         raise unsupported(node, f"target dtype {check_dtype_int} (expected int32 or int64)")
     reduction = node.attr("reduction", "mean")
     reduction = reduction.decode() if isinstance(reduction, bytes) else reduction

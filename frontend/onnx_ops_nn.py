@@ -34,12 +34,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from polyc import dtypes as D
+
 from .onnx_graph import LowerContext, Lowered, Node, literal, register
 from .onnx_layout import CHANNELS_LAST
 from .onnx_ops_shape import affine, check_dtype, check_nonempty, lhs, names, read, \
     unsupported, where
 
-FLOATS = ("float32", "float64")
+FLOATS = D.FLOATS
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 

@@ -29,14 +29,14 @@ from fractions import Fraction
 
 import numpy as np
 
+from polyc import dtypes as D
 from polyc.program import IndexCheck
 
 from .onnx_graph import LowerContext, Lowered, Node, UnsupportedOpError, View, \
     literal, register
 
 #: TC type name of each polyc dtype (casts and declarations)
-TC_TYPE = {"float32": "float", "float64": "double", "int32": "int32", "int64": "int64",
-           "bool": "bool"}
+TC_TYPE = {d.name: d.tc for d in D.BY_NAME.values()}
 
 
 # -- helpers shared with onnx_ops_nn ------------------------------------------------------

@@ -27,11 +27,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from polyc import dtypes as D
+
 from .onnx_graph import Graph, Node, TensorInfo
 from .onnx_layout import choose_conv_layouts
 
-NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
-         "int64": np.int64, "bool": np.bool_}
+NUMPY = {n: D.numpy_dtype(n) for n in D.ORDER}
 
 #: ops never evaluated at compile time or merged (their value is not a function of inputs)
 NONDETERMINISTIC = frozenset(["RandomNormal", "RandomUniform", "RandomNormalLike",

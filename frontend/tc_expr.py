@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from polyc import dtypes as D
 from polyc import expr as E
 from polyc import limits
 from polyc.errors import CompileError, SemanticError, UnsupportedError
@@ -29,8 +30,7 @@ from polyc.errors import CompileError, SemanticError, UnsupportedError
 from . import tc_parser as P
 
 #: TC type names polyc compiles, and the dtype each one means
-DTYPE_OF = {"float": "float32", "float32": "float32", "double": "float64",
-            "float64": "float64", "int32": "int32", "int64": "int64", "bool": "bool"}
+DTYPE_OF = dict(D.TC_NAMES)
 
 #: built-ins of TC (CUDA math names); those missing from E.BUILTINS are unsupported
 TC_BUILTINS = frozenset(["acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "ceil", "copysign", "cos", "cosh", "cospi", "cyl_bessel_i0", "cyl_bessel_i1", "erf", "erfc", "erfcinv", "erfcx", "erfinv", "exp", "exp10", "exp2", "expm1", "fabs", "fdim", "fdivide", "floor", "fma", "fmax", "fmin", "fmod", "hypot", "j0", "j1", "lgamma", "log", "log10", "log1p", "log2", "logb", "nextafter", "norm3d", "norm4d", "normcdf", "normcdfinv", "pow", "rcbrt", "remainder", "rhypot", "rnorm3d", "rnorm4d", "round", "rsqrt", "sin", "sinh", "sinpi", "sqrt", "tan", "tanh", "tgamma", "trunc", "y0", "y1", "min", "max"])
@@ -227,7 +227,7 @@ class ExprLowering:
         if self.scope.allow_indirect and not E.is_affine(x):
             dtype = E.infer_dtype(x, {n: t.dtype for n, t in self.scope.tensors.items()
                                       if t.dtype is not None})
-            if dtype not in ("int32", "int64"):
+            if dtype not in D.INTS:
                 raise err(SemanticError, f"index {E.show(x)} has type {dtype}; an index "
                           f"must be an integer (cast it, e.g. int64(...))", start(a))
             return x

@@ -36,7 +36,8 @@ from polyc.errors import CompileError, ParseError, SemanticError
 
 #: every scalar type name of TC (the lowering rejects those polyc does not compile)
 TC_TYPES = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
-            "int64", "float16", "float32", "float64", "float", "double", "half", "byte")
+            "int64", "float16", "bfloat16", "float32", "float64", "float", "double", "half",
+            "byte")
 #: assignment operators of statements
 ASSIGN_OPS = ("=", "+=", "*=", "min=", "max=", "+=!", "*=!", "min=!", "max=!")
 KEYWORDS = ("def", "where", "exists", "in")

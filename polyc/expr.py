@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Union
 
-DTYPES = ("float32", "float64", "int32", "int64", "bool")
-FLOAT_DTYPES = ("float32", "float64")
+from . import dtypes as D
+
+DTYPES = D.ORDER
+FLOAT_DTYPES = D.FLOATS
 
 #: Names of the built-in functions and their arity (None: any).
 BUILTINS: dict[str, int | None] = {
@@ -28,7 +30,13 @@ BUILTINS: dict[str, int | None] = {
     "exp2": 1, "expm1": 1, "log2": 1, "log10": 1, "log1p": 1, "cbrt": 1, "rsqrt": 1,
     "erf": 1, "erfc": 1, "floor": 1, "ceil": 1, "round": 1, "trunc": 1,
     "fmod": 2, "hypot": 2, "fma": 3, "copysign": 2, "relu": 1,
+    # integer bit operations (shifts by the type's width or more give 0)
+    "bitand": 2, "bitor": 2, "bitxor": 2, "bitnot": 1, "shl": 2, "shr": 2,
 }
+#: built-ins whose result has their operands' type (not promoted to a float)
+TYPE_KEEPING = ("max", "min", "abs", "relu", "bitand", "bitor", "bitxor", "bitnot", "shl",
+                "shr")
+BIT_OPS = TYPE_KEEPING[4:]
 
 BINARY_OPS = ("+", "-", "*", "/", "%", "//", "==", "!=", "<", ">", "<=", ">=", "&&", "||")
 COMPARISONS = ("==", "!=", "<", ">", "<=", ">=", "&&", "||")
@@ -259,11 +267,12 @@ def show(e: Expr) -> str:
 
 # -- types ------------------------------------------------------------------------------
 
-_RANK = {"bool": 0, "int32": 1, "int64": 2, "float32": 3, "float64": 4}
+_RANK = {name: i for i, name in enumerate(D.ORDER)}
 
 
 def promote(a: str, b: str) -> str:
-    """The type of a binary arithmetic result (a simple lattice: bool<int32<int64<float32<float64)."""
+    """The type of a binary arithmetic result (a simple lattice, :data:`polyc.dtypes.ORDER`:
+    bool < int8 < uint8 < ... < int64 < uint64 < float16 < bfloat16 < float32 < float64)."""
     return a if _RANK[a] >= _RANK[b] else b
 
 
@@ -305,7 +314,7 @@ def _infer(e: Expr, dt: dict[str, str]) -> tuple[str, bool]:
         t = ts[0]
         for u in ts[1:]:
             t = _join(t, u)
-        if e.fn in ("max", "min", "abs", "relu"):
+        if e.fn in TYPE_KEEPING or _is_float(t[0]):
             return t
         return (promote(t[0], "float32"), t[1])
     raise TypeError(e)
@@ -315,7 +324,11 @@ def _join(x: tuple[str, bool], y: tuple[str, bool]) -> tuple[str, bool]:
     (a, wa), (b, wb) = x, y
     if wa and not wb:
         # a weak float literal still makes an integer expression floating point
-        return (promote(b, "float32") if a.startswith("float") and not b.startswith("float") else b), False
+        return (promote(b, "float32") if _is_float(a) and not _is_float(b) else b), False
     if wb and not wa:
-        return (promote(a, "float32") if b.startswith("float") and not a.startswith("float") else a), False
+        return (promote(a, "float32") if _is_float(b) and not _is_float(a) else a), False
     return promote(a, b), wa and wb
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype in D.FLOATS

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from . import dtypes as D
 from . import expr as E
 from .ir import Kernel, Statement
 
@@ -124,7 +125,8 @@ def _inline(kernel: Kernel, i: int, j: int) -> Kernel:
     t = s.write.array
     dtypes = {a.name: a.dtype for a in kernel.arrays}
     value = s.value
-    if E.infer_dtype(value, dtypes) != dtypes[t]:
+    # the temporary's type is kept: a narrower one (float16 computed in float) rounds
+    if E.infer_dtype(value, dtypes) != dtypes[t] or D.get(dtypes[t]).storage_only:
         value = E.Cast(dtypes[t], value)
 
     def substitute(x: E.Expr) -> E.Expr | None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from . import dtypes as D
 from . import expr as E
 
 #: combine operators of statements, with the identity used by the ``!`` forms
@@ -37,8 +38,8 @@ def reduction_identity(op: str, dtype: str) -> E.Const:
     if dtype in E.FLOAT_DTYPES:
         values = {"+": 0.0, "*": 1.0, "max": float("-inf"), "min": float("inf")}
         return E.Const(values[op], dtype)
-    bits = 32 if dtype == "int32" else 64
-    values_i = {"+": 0, "*": 1, "max": -(2 ** (bits - 1)), "min": 2 ** (bits - 1) - 1}
+    lo, hi = D.get(dtype).limits
+    values_i = {"+": 0, "*": 1, "max": lo, "min": hi}
     return E.Const(values_i[op], dtype)
 
 

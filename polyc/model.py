@@ -33,6 +33,7 @@ from .errors import CallError, CompileError
 from .ir import Kernel
 from .options import Options
 from .program import Program
+from .widen import widen_accumulators
 
 Progress = Callable[[str], None]
 
@@ -234,6 +235,8 @@ def schedule_function(options: Options, progress: bool = False) -> Callable[[Ker
             tuned = tune.tune_kernel(kernel, options, progress=progress, search=not interrupted)
             interrupted = interrupted or tuned.status == "interrupted"
             opts = tuned.options
+        if opts.schedule is None:  # as schedule_kernel does: the schedule is of this kernel
+            kernel = widen_accumulators(kernel)
         key = (kernel_key(kernel), opts)
         with _SCHEDULES_LOCK:
             found = _SCHEDULES.get(key)

@@ -34,6 +34,7 @@ from .errors import CompileError, InternalError, PolycWarning, ScheduleError
 from .ir import Kernel
 from .options import Options
 from .printer import show_kernel
+from .widen import widen_accumulators
 from .schedule.optimize import optimize
 from .schedule.scheduler import compute_schedule
 
@@ -126,6 +127,8 @@ class _Stages:
 def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = None) -> Scheduled:
     """Stages check .. legality."""
     stage = stage or _Stages(options, kernel.name)
+    if options.schedule is None:  # a user's schedule names the statements as they are
+        kernel = widen_accumulators(kernel)
     kernel = stage("ir", kernel, show_kernel)
     check.check_accesses_in_bounds(kernel)
     deps = stage("deps", compute_dependences(kernel), Dependences.dump)

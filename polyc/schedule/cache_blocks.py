@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import islpy as isl
 
+from .. import dtypes as D
 from ..ir import Kernel
 from ..options import Options
 from . import machine, register_tile, tiling
@@ -31,7 +32,6 @@ from .vector import member_iterators
 
 #: the share of the L2 the A block of one cache tile may take (the panel takes half)
 ROW_BLOCK_L2_FRACTION = 4
-_WIDE = ("float64", "int64")
 
 
 def fit_rows(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
@@ -40,7 +40,7 @@ def fit_rows(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
     ext = member_extent(node, kernel, reg.u)
     if ext is None or ext <= 0:
         return sizes
-    itemsize = 8 if kernel.array(reg.array).dtype in _WIDE else 4
+    itemsize = D.itemsize(kernel.array(reg.array).dtype)
     depth = reduction_depth(sizes, node, kernel)
     budget = machine.l2_bytes() // ROW_BLOCK_L2_FRACTION // max(1, depth * itemsize)
     budget = max(reg.mr, budget // reg.mr * reg.mr)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from .. import dtypes as D
 from .. import expr as E
 from ..deps import Dependences
 from ..errors import CompileError
@@ -70,7 +71,6 @@ SHARED_MARK = "polyc_shared"
 PRIVATE_MARK = "polyc_private"
 #: default points per thread of a register tile, along x, y, z (strided by the block)
 REGISTER_POINTS = (2, 4, 1)
-ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
 
 @dataclass(frozen=True, eq=False)
@@ -484,7 +484,7 @@ def _shared_arrays(kernel: Kernel, dom: isl.UnionSet, prefix: isl.UnionMap,
         box = _box(footprint.get_map_list().get_at(0), context)
         if box is None:
             continue
-        nbytes = ITEMSIZE[kernel.array(array).dtype]
+        nbytes = D.itemsize(kernel.array(array).dtype)
         for b in box:
             nbytes *= b
         if nbytes <= budget:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import islpy as isl
 
+from .. import dtypes as D
 from .. import expr as E
 from ..ir import Kernel
 from ..options import Options
@@ -201,7 +202,7 @@ def _fit_panel(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
     members that index the panel (a blocked conv's weight block ``mb``). Matmul's
     ``256 x 512`` float panel is exactly half of a 1 MB L2 and stays as it is."""
     depth = cache_blocks.reduction_depth(sizes, node, kernel)
-    itemsize = 8 if kernel.array(reg.array).dtype in ("float64", "int64") else 4
+    itemsize = D.itemsize(kernel.array(reg.array).dtype)
     cols = machine.l2_bytes() // 2 // max(1, depth * itemsize)
     sizes = list(sizes)
     sizes[reg.v] = max(reg.nr, min(sizes[reg.v], cols // reg.nr * reg.nr))

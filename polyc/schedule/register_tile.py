@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from .. import dtypes as D
 from .. import expr as E
 from ..ir import Kernel, Statement
 from ..options import Options
@@ -53,7 +54,13 @@ SIMD = "simd"
 #: register tile (rows MR, columns NR) per vector width in bits and element bytes
 _SHAPES = {(512, 4): (8, 64), (512, 8): (8, 32), (256, 4): (6, 16), (256, 8): (6, 8),
            (128, 4): (4, 8), (128, 8): (4, 4)}
-_ELEMENT_BYTES = {"float32": 4, "int32": 4, "float64": 8, "int64": 8}
+
+
+def _element_bytes(dtype: str) -> int | None:
+    """Bytes of an accumulator element of ``dtype`` (it holds the type arithmetic is done
+    in: float for float16, int32 for int8); None where no register tile is made."""
+    d = D.get(D.get(dtype).compute)
+    return d.itemsize if d.kind != "b" and d.itemsize in (4, 8) else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,12 +80,12 @@ def vector_bits() -> int:
 
 def machine_shape(dtype: str, options: Options) -> tuple[int, int] | None:
     """``(MR, NR)`` for an accumulator of ``dtype`` (None: no register tiling)."""
-    if options.register_tile is False or dtype not in _ELEMENT_BYTES:
+    if options.register_tile is False or _element_bytes(dtype) is None:
         return None
     if isinstance(options.register_tile, tuple):
         mr, nr = options.register_tile
         return int(mr), int(nr)
-    return _SHAPES[(vector_bits(), _ELEMENT_BYTES[dtype])]
+    return _SHAPES[(vector_bits(), _element_bytes(dtype))]
 
 
 def mark_name(stmt: str, box: tuple[int, ...], init: str = "") -> str:
@@ -157,7 +164,7 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
         return None
     mr, nr = shape
     if options.register_tile is True:
-        lanes = max(1, vector_bits() // 8 // _ELEMENT_BYTES[kernel.array(write.array).dtype])
+        lanes = max(1, vector_bits() // 8 // (_element_bytes(kernel.array(write.array).dtype) or 4))
         mr, nr = fit_shape(mr, nr, lanes, extent(s, kernel, its[u]), extent(s, kernel, its[vec]))
     box = tuple(mr if its[u] in x else nr if its[vec] in x else 1 for x in uses)
     return Plan(s.name, write.array, u, vec, mr, nr, box)

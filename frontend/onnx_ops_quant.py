@@ -1,0 +1,182 @@
+"""Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger
+and QLinearMatMul.
+
+ONNX's arithmetic, exactly:
+
+* quantize: ``saturate(rint(x / scale) + zero_point)`` (ties to even), the scale and
+  zero point per tensor, per channel (``axis``) or per block (``block_size``);
+* dequantize: ``(float(x) - float(zero_point)) * scale`` in float32;
+* the integer products (MatMulInteger, QLinearMatMul) in int32, zero points
+  subtracted per tensor, per row of A or per column of B; QLinearMatMul requantises with
+  ``a_scale * b_scale / y_scale`` (in the scales' type, as ONNX's reference does) in
+  double precision.
+
+The int32 contraction is an ordinary polyc reduction: it is tiled, register-blocked and
+vectorised like a float one (gcc emits the CPU's integer dot-product forms where it
+finds them).
+"""
+from __future__ import annotations
+
+from polyc import dtypes as D
+
+from .onnx_graph import LowerContext, Lowered, Node, register
+from .onnx_ops_math import (cast_to, idx_names, lit, matmul_indices, norm_axis, present, ref,
+                            small_const, stmt, temp_stmt, unsupported)
+
+_QUANT_INTS = ("int8", "uint8", "int16", "uint16", "int32")
+
+
+def _param(node: Node, ctx: LowerContext, t: str, x_shape: tuple[int, ...],
+           idx: list[str], axis: int, block: int) -> str:
+    """The scale or zero point ``t`` at the element ``idx`` of the quantized tensor."""
+    v = small_const(ctx, t)
+    shape = ctx.shape(t)
+    if v is not None and len(shape) <= 1:
+        return lit(v, ctx.dtype(t))
+    if len(shape) == 0 or (len(shape) == 1 and shape[0] == 1):
+        return ref(ctx, t, ["0"] * len(shape))
+    if block:
+        if len(shape) != len(x_shape):
+            raise unsupported(node, f"blocked {t!r} of rank {len(shape)} (expected "
+                                    f"{len(x_shape)})")
+        return ref(ctx, t, [f"{i} / {block}" if d == axis else i for d, i in enumerate(idx)])
+    if len(shape) != 1 or shape[0] != x_shape[axis]:
+        raise unsupported(node, f"{t!r} of shape {list(shape)}: expected a scalar or "
+                                f"{x_shape[axis]} values along axis {axis}")
+    return ref(ctx, t, [idx[axis]])
+
+
+def _axis_block(node: Node, ctx: LowerContext, x: str) -> tuple[int, int]:
+    rank = ctx.rank(x)
+    per_tensor = ctx.shape(node.inputs[1]) in ((), (1,))
+    axis = 0 if per_tensor or not rank else norm_axis(node, node.attr("axis", 1), rank)
+    return axis, int(node.attr("block_size", 0) or 0)
+
+
+def _saturated(value: str, dt: str) -> str:
+    lo, hi = D.get(dt).limits
+    return cast_to(dt, f"max({lit(float(lo), 'float64')}, min({lit(float(hi), 'float64')}, "
+                       f"{value}))")
+
+
+@register("QuantizeLinear")
+def quantize(node: Node, ctx: LowerContext) -> Lowered:
+    x, scale, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    dt = ctx.dtype(out)
+    if dt not in _QUANT_INTS:
+        raise unsupported(node, f"output dtype {dt} (supported: {', '.join(_QUANT_INTS)})")
+    if node.attr("precision", 0):
+        raise unsupported(node, "precision (opset 25)")
+    axis, block = _axis_block(node, ctx, x)
+    shape = ctx.shape(x)
+    idx = idx_names(len(shape))
+    s = _param(node, ctx, scale, shape, idx, axis, block)
+    q = f"round({ref(ctx, x, idx)} / {s})"
+    if present(node, 2):
+        q = f"double({q}) + double({_param(node, ctx, node.inputs[2], shape, idx, axis, block)})"
+    else:
+        q = f"double({q})"
+    return Lowered([stmt(ctx, out, idx, "=", _saturated(q, dt))])
+
+
+@register("DequantizeLinear")
+def dequantize(node: Node, ctx: LowerContext) -> Lowered:
+    x, scale, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    xdt = ctx.dtype(x)
+    if xdt not in D.INTS:
+        raise unsupported(node, f"input dtype {xdt} (integers only)")
+    axis, block = _axis_block(node, ctx, x)
+    shape = ctx.shape(x)
+    idx = idx_names(len(shape))
+    s = _param(node, ctx, scale, shape, idx, axis, block)
+    v = f"float({ref(ctx, x, idx)})"
+    if present(node, 2):
+        v = f"({v} - float({_param(node, ctx, node.inputs[2], shape, idx, axis, block)}))"
+    return Lowered([stmt(ctx, out, idx, "=", cast_to(ctx.dtype(out), f"{v} * float({s})"))])
+
+
+@register("DynamicQuantizeLinear")
+def dynamic_quantize(node: Node, ctx: LowerContext) -> Lowered:
+    x = node.inputs[0]
+    y, y_scale, y_zp = (list(node.outputs) + ["", "", ""])[:3]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    red = [f"r{d}" for d in range(rank)]
+    mx, mn = ctx.temp("max"), ctx.temp("min")
+    stmts = [temp_stmt(ctx, mx, [], [], "max=!", f"float({ref(ctx, x, red)})"),
+             temp_stmt(ctx, mn, [], [], "min=!", f"float({ref(ctx, x, red)})")]
+    hi, lo = f"max(0.0, {mx})", f"min(0.0, {mn})"
+    scale = f"({hi} == {lo} ? 1.0 : {hi} - {lo}) / 255.0"
+    sc, zp = ctx.temp("scale"), ctx.temp("zero_point")
+    stmts += [temp_stmt(ctx, sc, [], [], "=", scale),
+              temp_stmt(ctx, zp, [], [], "=",
+                        f"round(max(0.0, min(255.0, 0.0 - {lo} / {sc})))")]
+    idx = idx_names(rank)
+    if y:
+        stmts.append(stmt(ctx, y, idx, "=", _saturated(
+            f"double(round({ref(ctx, x, idx)} / {sc})) + double({zp})", "uint8")))
+    if y_scale:
+        stmts.append(stmt(ctx, y_scale, [], "=", cast_to(ctx.dtype(y_scale), sc)))
+    if y_zp:
+        stmts.append(stmt(ctx, y_zp, [], "=", cast_to("uint8", zp)))
+    return Lowered(stmts)
+
+
+def _zero_point_row(node: Node, ctx: LowerContext, i: int, idx: list[str], row: str | None,
+                    what: str) -> str:
+    """Input ``i`` (a zero point: scalar, or one per row of A / column of B) at ``row``."""
+    if not present(node, i):
+        return "0"
+    t = node.inputs[i]
+    v = small_const(ctx, t)
+    shape = ctx.shape(t)
+    if v is not None:
+        return lit(int(v), "int32")
+    if len(shape) == 0 or (len(shape) == 1 and shape[0] == 1):
+        return f"int32({ref(ctx, t, ['0'] * len(shape))})"
+    if len(shape) == 1 and row is not None:
+        return f"int32({ref(ctx, t, [row])})"
+    raise unsupported(node, f"{what} zero point of shape {list(shape)}")
+
+
+def _int_product(node: Node, ctx: LowerContext, a: str, b: str, out: str,
+                 azp: int, bzp: int) -> tuple[list[str], str]:
+    out_idx, a_idx, b_idx = matmul_indices(node, ctx, a, b, out)
+    for t in (a, b):
+        if ctx.dtype(t) not in ("int8", "uint8", "int16", "uint16"):
+            raise unsupported(node, f"dtype {ctx.dtype(t)} of {t!r} (8- or 16-bit integers)")
+    m = a_idx[-2] if ctx.rank(a) > 1 else None
+    n = b_idx[-1] if ctx.rank(b) > 1 else None
+    za = _zero_point_row(node, ctx, azp, a_idx, m, "A's")
+    zb = _zero_point_row(node, ctx, bzp, b_idx, n, "B's")
+    av = f"int32({ref(ctx, a, a_idx)})" + (f" - {za}" if za != "0" else "")
+    bv = f"int32({ref(ctx, b, b_idx)})" + (f" - {zb}" if zb != "0" else "")
+    return out_idx, f"({av}) * ({bv})"
+
+
+@register("MatMulInteger")
+def matmul_integer(node: Node, ctx: LowerContext) -> Lowered:
+    a, b, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    out_idx, value = _int_product(node, ctx, a, b, out, 2, 3)
+    return Lowered([stmt(ctx, out, out_idx, "+=!", value)])
+
+
+@register("QLinearMatMul")
+def qlinear_matmul(node: Node, ctx: LowerContext) -> Lowered:
+    a, a_s, _, b, b_s, _, y_s = node.inputs[:7]
+    out = node.outputs[0]
+    out_idx, value = _int_product(node, ctx, a, b, out, 2, 5)
+    acc = ctx.temp("acc")
+    stmts = [temp_stmt(ctx, acc, out_idx, ctx.shape(out), "+=!", value)]
+    scales = []
+    for t in (a_s, b_s, y_s):
+        if len(ctx.shape(t)) > 1 or (ctx.shape(t) and ctx.shape(t)[0] != 1):
+            raise unsupported(node, f"scale {t!r} of shape {list(ctx.shape(t))} (per tensor "
+                                    f"only)")
+        scales.append(ref(ctx, t, ["0"] * len(ctx.shape(t))))
+    mult = f"({scales[0]} * {scales[1]}) / {scales[2]}"
+    yzp = f" + double({ref(ctx, node.inputs[7], ['0'] * ctx.rank(node.inputs[7]))})" \
+        if present(node, 7) else ""
+    acc_ref = f"{acc}({', '.join(out_idx)})" if out_idx else acc
+    q = f"round(double({acc_ref}) * double({mult}){yzp})"
+    return Lowered(stmts + [stmt(ctx, out, out_idx, "=", _saturated(q, ctx.dtype(out)))])

@@ -1,0 +1,233 @@
+"""Every dtype of :mod:`polyc.dtypes` through the TC frontend, the C and CUDA targets and
+the ONNX importer, checked against numpy (and onnxruntime).
+
+* integers narrower than 32 bits compute in 32 bits and wrap to their width after each
+  operation, as numpy does (sizes 37 and 100: no multiple of a vector or tile);
+* float16 rounds every operation's result, as numpy's float16 does, so elementwise
+  kernels match numpy bit for bit; reductions into float16 accumulate in float32
+  (``polyc.widen``), as numpy's and BLAS's do;
+* bfloat16 is its float32 bits' upper half, rounded to nearest even.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import polyc
+from polyc import dtypes as D
+from polyc.codegen.toolchain import asan_runtime, sanitizer_environment
+from polyc.errors import UnsupportedError
+
+INTS = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+SCHEDULERS = ["isl", "pluto"]
+
+
+def _ints(dt: str, n: int, seed: int) -> np.ndarray:
+    info = np.iinfo(dt)
+    return np.random.default_rng(seed).integers(info.min, info.max, n, dtype=dt,
+                                                endpoint=True)
+
+
+def _int_source(dt: str) -> str:
+    return f"""
+def f({dt}(N) A, {dt}(N) B) -> (C, E, S) {{
+  C(i) = A(i) * B(i) + A(i) - B(i)
+  E(i) = max(A(i), B(i)) + min(A(i), B(i)) * 3 - (A(i) > B(i) ? A(i) : -B(i))
+  S(j) +=! A(i) * B(i) where j in 0:1
+}}"""
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("dt", INTS)
+def test_integer_arithmetic_wraps_as_numpy(dt, scheduler):
+    op = polyc.define(_int_source(dt), scheduler=scheduler)
+    for n, seed in ((37, 0), (100, 1)):
+        a, b = _ints(dt, n, seed), _ints(dt, n, seed + 10)
+        c, e, s = op(a, b)
+        with np.errstate(over="ignore"):
+            three = np.array(3, dt)
+            want_e = np.maximum(a, b) + np.minimum(a, b) * three - np.where(a > b, a, -b)
+            want = [a * b + a - b, want_e, np.array([np.sum(a * b, dtype=dt)])]
+        for got, w in zip((c, e, s), want):
+            assert got.dtype == np.dtype(dt)
+            np.testing.assert_array_equal(got, w)
+
+
+@pytest.mark.parametrize("dt", ["int8", "uint8", "int16", "uint64"])
+def test_casts_and_limits(dt):
+    """Casts between integer widths wrap; the identities of max/min are the type's
+    limits; a float converts to the integer type by truncation."""
+    info = np.iinfo(dt)
+    op = polyc.define(f"""
+def g(int64(N) X, float(N) F) -> (W, T, MX, MN) {{
+  W(i) = {dt}(X(i))
+  T(i) = {dt}(F(i))
+  MX(j) max=! {dt}(X(i)) where j in 0:1
+  MN(j) min=! {dt}(X(i)) where j in 0:1
+}}""")
+    x = np.random.default_rng(3).integers(-2**40, 2**40, 53, dtype=np.int64)
+    f = np.random.default_rng(4).uniform(0, min(100, info.max), 53).astype(np.float32)
+    w, t, mx, mn = op(x, f)
+    np.testing.assert_array_equal(w, x.astype(dt))
+    np.testing.assert_array_equal(t, f.astype(dt))
+    np.testing.assert_array_equal(mx, [x.astype(dt).max()])
+    np.testing.assert_array_equal(mn, [x.astype(dt).min()])
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_float16_elementwise_rounds_each_operation(scheduler):
+    op = polyc.define("""
+def h(float16(N) A, float16(N) B) -> (C) {
+  C(i) = exp(A(i) * B(i) - A(i)) / (B(i) * B(i) + half(1.5))
+}""", scheduler=scheduler)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(1001).astype(np.float16)
+    b = rng.standard_normal(1001).astype(np.float16)
+    with np.errstate(over="ignore"):
+        want = np.exp(a * b - a) / (b * b + np.float16(1.5))
+    got = op(a, b)
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_half_matmul_accumulates_in_float32(dt, scheduler):
+    npdt = BF16 if dt == "bfloat16" else np.dtype(dt)
+    op = polyc.define(f"""
+def mm({dt}(M,K) A, {dt}(K,N) B) -> (C, T) {{
+  C(m,n) +=! A(m,k) * B(k,n)
+  T(m) +=! C(m,n)
+}}""", scheduler=scheduler)
+    rng = np.random.default_rng(6)
+    for m, k, n in ((33, 70, 41), (65, 129, 97)):
+        a = rng.standard_normal((m, k)).astype(npdt)
+        b = rng.standard_normal((k, n)).astype(npdt)
+        c, t = op(a, b)
+        assert c.dtype == npdt and t.dtype == npdt
+        exact = a.astype(np.float64) @ b.astype(np.float64)
+        # one rounding of the float32 sum: within an ulp of the exact value
+        ulp = 2.0 ** (-10 if dt == "float16" else -7)
+        np.testing.assert_allclose(c.astype(np.float64), exact, rtol=ulp,
+                                   atol=ulp * np.abs(exact).max())
+        tsum = c.astype(np.float64).sum(axis=1)
+        np.testing.assert_allclose(t.astype(np.float64), tsum, rtol=ulp,
+                                   atol=ulp * np.abs(tsum).max())
+
+
+def test_float16_sum_is_not_rounded_per_step():
+    """3000 ones: rounded at each step, a float16 sum stops at 2048 (2048 + 1 rounds
+    back to 2048); accumulated in float32, it is 3000 (a float16 value)."""
+    op = polyc.define("def s(float16(N) A) -> (S) { S(j) +=! A(i) where j in 0:1 }")
+    np.testing.assert_array_equal(op(np.ones(3000, np.float16)), [3000])
+
+
+def test_bfloat16_rounds_to_nearest_even():
+    op = polyc.define("def r(float(N) X) -> (Y) { Y(i) = bfloat16(X(i)) }")
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.standard_normal(500).astype(np.float32) * 1e3,
+                        np.array([np.inf, -np.inf, 0.0, -0.0, 1 + 2**-8, 1 + 3 * 2**-8],
+                                 np.float32)])
+    y = op(x)
+    assert y.dtype == BF16
+    np.testing.assert_array_equal(y.view(np.uint16), x.astype(BF16).view(np.uint16))
+    assert np.isnan(op(np.array([np.nan], np.float32)).astype(np.float32)).all()
+
+
+def test_every_dtype_is_in_the_tables():
+    from polyc.codegen.c_expr import CTYPES
+    from polyc.codegen.runtime import NUMPY_DTYPES
+    from polyc.frontend.onnx_import import DTYPES
+    for name, d in D.BY_NAME.items():
+        assert NUMPY_DTYPES[name].itemsize == d.itemsize
+        assert CTYPES[name] == d.ctype
+        assert name in DTYPES.values()
+        assert D.from_numpy(d.numpy) == name
+
+
+def test_cuda_target_refuses_half_types_by_name():
+    op = polyc.define("def c(float16(N) A) -> (B) { B(i) = A(i) * A(i) }", target="cuda",
+                      emulate=True)
+    with pytest.raises(UnsupportedError, match=r"'A'.*float16.*CUDA target"):
+        op(np.ones(4, np.float16))
+
+
+def test_cuda_emulation_wraps_narrow_integers():
+    op = polyc.define(_int_source("int8"), target="cuda", emulate=True)
+    a, b = _ints("int8", 37, 8), _ints("int8", 37, 9)
+    c, _, s = op(a, b)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(c, a * b + a - b)
+        np.testing.assert_array_equal(s, [np.sum(a * b, dtype=np.int8)])
+
+
+def _model(op_type: str, dt: int, **attrs):
+    node = helper.make_node(op_type, ["a", "b"], ["y"], **attrs)
+    shape = [3, 37]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", dt, shape),
+                                            helper.make_tensor_value_info("b", dt, shape)],
+                              [helper.make_tensor_value_info("y", dt, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=8)
+
+
+@pytest.mark.parametrize("op_type,dt", [
+    ("Add", TensorProto.INT8), ("Mul", TensorProto.UINT8), ("Sub", TensorProto.UINT16),
+    ("Max", TensorProto.INT16), ("Div", TensorProto.UINT32), ("Mod", TensorProto.INT8),
+    ("Add", TensorProto.FLOAT16), ("Mul", TensorProto.FLOAT16), ("Div", TensorProto.FLOAT16)])
+def test_onnx_narrow_types_match_onnxruntime_or_onnx_reference(op_type, dt):
+    ort = pytest.importorskip("onnxruntime")
+    model = _model(op_type, dt)
+    npdt = helper.tensor_dtype_to_np_dtype(dt)
+    rng = np.random.default_rng(11)
+    if np.dtype(npdt).kind == "f":
+        a = rng.standard_normal((3, 37)).astype(npdt)
+        b = (rng.standard_normal((3, 37)) + 3).astype(npdt)
+    else:
+        info = np.iinfo(npdt)
+        a = rng.integers(info.min, info.max, (3, 37), dtype=npdt, endpoint=True)
+        b = rng.integers(max(1, info.min), info.max, (3, 37), dtype=npdt, endpoint=True)
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    except Exception:  # onnxruntime has no kernel of this op for this type: onnx's own
+        from onnx.reference import ReferenceEvaluator
+        sess = ReferenceEvaluator(model)
+    want = sess.run(None, {"a": a, "b": b})[0]
+    got = polyc.compile_onnx(model)(a, b)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+_CHILD = """
+import ml_dtypes, numpy as np, polyc
+for dt, src in {sources!r}:
+    op = polyc.define(src, sanitize=True, cflags=("-Wall", "-Wextra", "-Werror"))
+    x = np.arange(1, 58).astype(dt)
+    out = op(x, x)
+    print("ok", dt, flush=True)
+"""
+
+
+@pytest.mark.skipif(asan_runtime() is None, reason="gcc has no libasan.so")
+def test_narrow_types_are_sanitizer_and_warning_clean():
+    sources = [(dt, _int_source(dt)) for dt in ("int8", "uint16", "uint64")] + [
+        (dt, f"def h({dt}(N) A, {dt}(N) B) -> (C, S) {{\n"
+             f"  C(i) = exp(A(i) * B(i) - A(i))\n  S(j) +=! A(i) * B(i) where j in 0:1\n}}")
+        for dt in ("float16", "bfloat16")]
+    env = sanitizer_environment()
+    done = subprocess.run([sys.executable, "-c", _CHILD.format(sources=sources)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False,
+                          cwd=os.path.dirname(os.path.abspath(__file__)))
+    report = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-5000:]}"
+    assert done.returncode == 0, report
+    for dt, _ in sources:
+        assert f"ok {dt}" in done.stdout, report
