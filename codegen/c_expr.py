@@ -31,11 +31,29 @@ CTYPES = {d.name: d.ctype for d in D.BY_NAME.values()}
 def compute_ctype(dtype: str) -> str:
     """The C type a value of ``dtype`` is held in while computing (float for float16)."""
     d = D.get(dtype)
-    return CTYPES[d.compute] if d.storage_only else d.ctype
+    return CTYPES[d.compute] if d.storage_only or (d.is_int and d.bits < 8) else d.ctype
+
+
+def _tag(dtype: str) -> str:
+    return dtype.replace("float", "f")
+
+
+def converted(dtype: str) -> bool:
+    """Elements of ``dtype`` are converted to compute with (:func:`load`, :func:`store`)."""
+    d = D.get(dtype)
+    return d.storage_only or (d.is_int and d.bits < 8)
 
 
 def load(dtype: str, x: Piece) -> Piece:
     """A stored element ``x`` of ``dtype`` as a value to compute with."""
+    d = D.get(dtype)
+    if d.is_int and d.bits < 8:  # int4: the low bits of the byte, sign-extended
+        mask, sign = (1 << d.bits) - 1, 1 << (d.bits - 1)
+        if d.kind == "u":
+            return Piece(f"({x.at(MUL)} & {mask})")
+        return Piece(f"(((int32_t){x.at(PRIMARY)} & {mask}) ^ {sign}) - {sign}", ADD)
+    if d.minifloat:
+        return call(f"polyc_{_tag(dtype)}_load", x)
     if dtype == "float16":
         return Piece(f"(float){x.at(PRIMARY)}", UNARY)
     if dtype == "bfloat16":
@@ -45,6 +63,11 @@ def load(dtype: str, x: Piece) -> Piece:
 
 def store(dtype: str, x: Piece) -> Piece:
     """A computed value ``x`` of ``dtype`` as the element to store."""
+    d = D.get(dtype)
+    if d.is_int and d.bits < 8:  # int4: its low bits (as ml_dtypes stores them)
+        return Piece(f"({d.ctype})((uint32_t){x.at(PRIMARY)} & {(1 << d.bits) - 1}u)", UNARY)
+    if d.minifloat:
+        return call(f"polyc_{_tag(dtype)}_store", x)
     if dtype == "float16":
         return Piece(f"(_Float16){x.at(PRIMARY)}", UNARY)
     if dtype == "bfloat16":
@@ -153,8 +176,17 @@ def cast(dtype: str, x: Piece) -> Piece:
     """``x`` converted to ``dtype``; to bool as ``x != 0`` (gcc warns on ``(bool)(a * b)``)."""
     if dtype == "bool":
         return binary("!=", x, Piece("0"))
-    if D.get(dtype).storage_only:  # rounded to the type, held as a float
+    d = D.get(dtype)
+    if d.minifloat:
+        return call(f"polyc_{_tag(dtype)}_round", x)
+    if d.storage_only:  # rounded to the type, held as a float
         return call(f"polyc_round_{'f16' if dtype == 'float16' else 'bf16'}", x)
+    if d.is_int and d.bits < 8:  # int4, uint2...: wrapped to their bits, one per byte
+        mask, sign = (1 << d.bits) - 1, 1 << (d.bits - 1)
+        if d.kind == "u":
+            return Piece(f"({d.ctype})((uint32_t)(int32_t){x.at(PRIMARY)} & {mask}u)", UNARY)
+        return Piece(f"({d.ctype})((((int32_t){x.at(PRIMARY)} & {mask}) ^ {sign}) - {sign})",
+                     UNARY)
     return Piece(f"({CTYPES[dtype]}){x.at(PRIMARY)}", UNARY)
 
 
@@ -184,7 +216,7 @@ def literal(value: float | bool, dtype: str) -> Piece:
         if v <= lo or v >= hi:
             if v not in (lo, hi):
                 raise InternalError(f"literal {v} does not fit {dtype}")
-            if not (unsigned and v == 0):
+            if not (unsigned and v == 0) and D.get(dtype).bits >= 32:
                 return Piece(f"{tag}_MAX" if v == hi else f"{tag}_MIN")
         text = (str(v) if -2**31 < v < 2**31 else f"UINT64_C({v})" if v >= 2**63
                 else f"INT64_C({v})")
@@ -441,11 +473,15 @@ def update(op: str, target: Piece, value: Piece, dtype: str, stored: bool = True
 
     ``target`` is an element of an array of ``dtype`` (``stored``), or an accumulator
     held in the type it computes in (a register tile's)."""
-    if stored and D.get(dtype).storage_only:  # float16: widen, combine, round back
+    if stored and converted(dtype):  # float16, int4...: widen, combine, narrow back
         old = load(dtype, target)
         if op != "=":
-            value = (binary(op, old, value) if op in ("+", "*")
-                     else call(float_fn(_HELPER["f" + op], dtype), old, value))
+            if op in ("+", "*"):
+                value = binary(op, old, value)
+            elif dtype in _SUFFIX:
+                value = call(f"polyc_{op}{_SUFFIX[dtype]}", old, value)
+            else:
+                value = call(float_fn(_HELPER["f" + op], dtype), old, value)
         return f"{target.text} = {store(dtype, value).text}"
     if op == "=":
         return f"{target.text} = {value.text}"
@@ -579,3 +615,84 @@ def _prelude() -> str:
 
 #: includes and helper functions at the top of every generated file
 PRELUDE = _prelude()
+
+
+def prelude_for(text: str) -> str:
+    """:data:`PRELUDE`, and the conversions of the minifloat types ``text`` uses."""
+    extra = [_minifloat_helpers(name) for name in D.FLOATS
+             if D.get(name).minifloat and f"polyc_{_tag(name)}_" in text]
+    return "\n".join([PRELUDE, *extra])
+
+
+def _minifloat_helpers(dtype: str) -> str:
+    """Tables and functions converting ``dtype`` (a float8 or float4 type) to and from
+    float, computed from ml_dtypes' own conversions: a read looks its code up; a write
+    finds the nearest of the sorted non-negative values (ties to the even code), and a
+    magnitude past the largest one rounds to it or overflows (to infinity where the type
+    has one, else NaN) as ml_dtypes' rounding does."""
+    import numpy as np
+    d = D.get(dtype)
+    t = "polyc_" + _tag(dtype)
+    ncodes = 1 << d.bits
+    values = np.arange(ncodes, dtype=np.uint8).view(d.numpy).astype(np.float32)
+    finite = [(float(v), c) for c, v in enumerate(values)
+              if np.isfinite(v) and not np.signbit(v)]
+    finite.sort()
+    pos = [v for v, _ in finite]
+    codes = [c for _, c in finite]
+    top = pos[-1]
+    # the overflow threshold: the smallest float32 above the largest value that does not
+    # convert back to it
+    def stays(bits: int) -> bool:
+        x = np.array([bits], np.uint32).view(np.float32)
+        return bool(x.astype(d.numpy).astype(np.float32)[0] == top)
+    lo_bits = int(np.array([top], np.float32).view(np.uint32)[0])
+    hi_bits = 0x7F800000  # +inf
+    if stays(hi_bits):  # the type saturates (float4e2m1): nothing overflows
+        over = "INFINITY"
+    else:
+        while hi_bits - lo_bits > 1:  # lo stays, hi overflows
+            mid = (lo_bits + hi_bits) // 2
+            lo_bits, hi_bits = (mid, hi_bits) if stays(mid) else (lo_bits, mid)
+        over = repr(float(np.array([hi_bits], np.uint32).view(np.float32)[0])) + "f"
+    nan = [c for c, v in enumerate(values) if np.isnan(v)]
+    neg_zero = [c for c, v in enumerate(values) if v == 0 and np.signbit(v)]
+    inf = [c for c, v in enumerate(values) if np.isinf(v) and v > 0]
+    big = inf[0] if inf else (nan[0] if nan else codes[-1])
+    sign_bit = 1 << (d.bits - 1)
+    nan_code = nan[0] if nan else 0
+    nan_result = int(np.array([np.nan], np.float32).astype(d.numpy).view(np.uint8)[0])
+    fmt = lambda v: repr(v) + "f" if np.isfinite(v) else ("NAN" if np.isnan(v) else  # noqa: E731
+                                                             ("INFINITY" if v > 0 else "-INFINITY"))
+    lines = [
+        f"__attribute__((unused)) static const float {t}_values[{ncodes}] = {{{', '.join(fmt(float(v)) for v in values)}}};",
+        f"__attribute__((unused)) static const float {t}_pos[{len(pos)}] = {{{', '.join(repr(v) + 'f' for v in pos)}}};",
+        f"__attribute__((unused)) static const uint8_t {t}_code[{len(pos)}] = {{{', '.join(map(str, codes))}}};",
+        f"static inline float {t}_load(uint8_t c) {{ return {t}_values[c & {ncodes - 1}]; }}",
+        f"static inline uint8_t {t}_store(float f)",
+        "{",
+        f"  if (f != f) return {nan_result};",
+        "  const int neg = signbit(f) != 0;",
+        "  const float a = fabsf(f);",
+        "  uint8_t c;",
+        f"  if (a >= {over}) c = {big};",
+        "  else {",
+        f"    int lo = 0, hi = {len(pos) - 1};",
+        "    while (lo < hi) {  /* the last value <= a */",
+        "      const int mid = (lo + hi + 1) / 2;",
+        f"      if ({t}_pos[mid] <= a) lo = mid; else hi = mid - 1;",
+        "    }",
+        f"    c = {t}_code[lo];",
+        f"    if (lo + 1 < {len(pos)}) {{",
+        f"      const float down = a - {t}_pos[lo], up = {t}_pos[lo + 1] - a;",
+        f"      if (up < down || (up == down && ({t}_code[lo] & 1)))",
+        f"        c = {t}_code[lo + 1];",
+        "    }",
+        "  }",
+    ]
+    # the sign bit; a type without a negative zero (fnuz) has 0 for -0, and NaN stays NaN
+    keep = (f" && c != {nan_code}" if nan else "") + ("" if neg_zero else " && c != 0")
+    lines.append(f"  if (neg{keep}) c |= {sign_bit};")
+    lines += ["  return c;", "}",
+              f"static inline float {t}_round(float f) {{ return {t}_load({t}_store(f)); }}"]
+    return "\n".join(lines)

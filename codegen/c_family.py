@@ -59,7 +59,7 @@ from .ast import (
 )
 from .c_expr import (
     CTYPES,
-    PRELUDE,
+    prelude_for,
     ADD,
     PRIMARY,
     BodyPrinter,
@@ -180,7 +180,7 @@ def generate_c(kernel: Kernel, schedule: isl.Schedule, options: Options | None =
                dialect: CDialect | None = None) -> CSource:
     """A whole translation unit (prelude + :func:`generate_function`) and its header."""
     fn = generate_function(kernel, schedule, options, dialect)
-    text = f"{fn.comment}\n{PRELUDE}\n\n{fn.definition}\n"
+    text = f"{fn.comment}\n{prelude_for(fn.definition)}\n\n{fn.definition}\n"
     header = (f"{fn.comment}\n#include <stdint.h>\n#include <stdbool.h>\n\n"
               f"{fn.declaration}\n")
     return CSource(text, header, fn.name, kernel.name, fn.arg_names, fn.arg_types,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from polyc import dtypes as D
 from polyc.program import Program
 
-from .c_expr import CTYPES, PRELUDE, Namer
+from .c_expr import CTYPES, Namer, prelude_for
 from .c_family import CFunction
 from .memplan import ALIGN, MemoryPlan
 from .weights import ENTRY, HEADER, MAGIC, VERSION, WeightsLayout
@@ -152,11 +152,12 @@ def _main_unit(p: Parts, kernels: list[str], prototypes: list[str]) -> str:
            f"Weights: {len(p.weights.slots)} tensors, {p.weights.data_bytes} bytes."]
     extern = ["/* kernels compiled in the other translation units of this library */",
               UNIT_EXTERN_DEFINE, *prototypes, ""] if prototypes else []
-    return "\n".join([
-        _comment(doc), header(p), PRELUDE, "#include <stdio.h>", "",
+    rest = "\n".join([
         f"struct {p.prefix}_model {{\n  unsigned char *weights;  /* the weights file's data "
         "region, 64-byte aligned */\n};", "", *extern, *kernels, _weights_code(p),
         _errors_code(p), _steps(p), _api(p), _queries(p)])
+    return "\n".join([_comment(doc), header(p), prelude_for(rest), "#include <stdio.h>", "",
+                      rest])
 
 
 #: the linkage of a kernel defined in one translation unit and called from another:
@@ -216,8 +217,9 @@ def translation_units(p: Parts, jobs: int, whole: str | None = None) -> tuple[st
     for k, unit in enumerate(used):
         doc = [f"Kernels of the model {p.program.name!r} ({p.prefix}), translation unit "
                f"{k + 1} of {len(used)} besides the main one."]
-        units.append("\n".join([_comment(doc), PRELUDE, UNIT_EXTERN_DEFINE, "",
-                                 *others[unit]]))
+        body = "\n".join(others[unit])
+        units.append("\n".join([_comment(doc), prelude_for(body), UNIT_EXTERN_DEFINE, "",
+                                 body]))
     return tuple(units)
 
 

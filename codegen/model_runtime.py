@@ -103,9 +103,8 @@ class ModelLibrary:
         self._input_names = frozenset(t.name for t in source.inputs)
         self._output_specs = tuple((tuple(t.shape), NUMPY_DTYPES[t.dtype])
                                    for t in source.outputs)
-        # (ml_dtypes' bfloat16 has no buffer-protocol format: those take numpy's path)
-        self._outputs_nonempty = all(np.prod(shape, dtype=np.int64) > 0
-                                     and dtype.kind != "V" and dtype.char != "E"
+        # (ml_dtypes' types have no buffer-protocol format: those take numpy's path)
+        self._outputs_nonempty = all(np.prod(shape, dtype=np.int64) > 0 and _buffered(dtype)
                                      for shape, dtype in self._output_specs)
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -166,6 +165,14 @@ class ModelLibrary:
 
 _from_buffer = ctypes.c_char.from_buffer
 _addressof = ctypes.addressof
+
+
+def _buffered(dtype: np.dtype) -> bool:
+    try:
+        memoryview(np.empty(1, dtype))
+    except (TypeError, ValueError, BufferError):
+        return False
+    return True
 
 
 def _address(a: np.ndarray) -> int:

@@ -404,10 +404,22 @@ def clip(node: Node, ctx: LowerContext) -> Lowered:
 @register("Cast", "CastLike")
 def cast(node: Node, ctx: LowerContext) -> Lowered:
     out = node.outputs[0]
-    if node.op_type == "Cast" and node.attr("saturate", 1) != 1:
-        pass  # only meaningful for float8 types, which are rejected at import
     dt = ctx.dtype(out)
+    if node.op_type == "Cast" and node.attr("round_mode", None) not in (None, b"up", "up"):
+        raise unsupported(node, "round_mode (float8e8m0)")
+    if D.get(dt).minifloat and node.attr("saturate", 1):
+        return elementwise(node, ctx, lambda a: cast_to(dt, saturated(a, dt)),
+                           inputs=node.inputs[:1])
     return elementwise(node, ctx, lambda a: cast_to(dt, a), inputs=node.inputs[:1])
+
+
+def saturated(x: str, dt: str) -> str:
+    """``x`` clamped to the finite range of the float8 type ``dt`` (NaN stays NaN), as
+    ONNX's saturating conversions are: the cast itself overflows to infinity or NaN."""
+    import ml_dtypes
+    top = float(ml_dtypes.finfo(D.numpy_dtype(dt)).max)
+    m = lit(top, "float32")
+    return f"({x} > {m} ? {m} : ({x} < -{m} ? -{m} : {x}))"
 
 
 @register("BatchNormalization")

@@ -21,9 +21,9 @@ from polyc import dtypes as D
 
 from .onnx_graph import LowerContext, Lowered, Node, register
 from .onnx_ops_math import (cast_to, idx_names, lit, matmul_indices, norm_axis, present, ref,
-                            small_const, stmt, temp_stmt, unsupported)
+                            saturated, small_const, stmt, temp_stmt, unsupported)
 
-_QUANT_INTS = ("int8", "uint8", "int16", "uint16", "int32")
+_QUANT_INTS = ("int2", "uint2", "int4", "uint4", "int8", "uint8", "int16", "uint16", "int32")
 
 
 def _param(node: Node, ctx: LowerContext, t: str, x_shape: tuple[int, ...],
@@ -63,14 +63,22 @@ def _saturated(value: str, dt: str) -> str:
 def quantize(node: Node, ctx: LowerContext) -> Lowered:
     x, scale, out = node.inputs[0], node.inputs[1], node.outputs[0]
     dt = ctx.dtype(out)
-    if dt not in _QUANT_INTS:
-        raise unsupported(node, f"output dtype {dt} (supported: {', '.join(_QUANT_INTS)})")
+    if dt not in _QUANT_INTS and not D.get(dt).minifloat:
+        raise unsupported(node, f"output dtype {dt} (supported: {', '.join(_QUANT_INTS)} "
+                                f"and the float8/float4 types)")
     if node.attr("precision", 0):
         raise unsupported(node, "precision (opset 25)")
     axis, block = _axis_block(node, ctx, x)
     shape = ctx.shape(x)
     idx = idx_names(len(shape))
     s = _param(node, ctx, scale, shape, idx, axis, block)
+    if D.get(dt).minifloat:  # as ONNX: x / scale, converted saturating (float4: + zero)
+        v = f"{ref(ctx, x, idx)} / {s}"
+        if dt == "float4e2m1" and present(node, 2):
+            v = f"{v} + float({_param(node, ctx, node.inputs[2], shape, idx, axis, block)})"
+        if node.attr("saturate", 1):
+            v = saturated(v, dt)
+        return Lowered([stmt(ctx, out, idx, "=", cast_to(dt, v))])
     q = f"round({ref(ctx, x, idx)} / {s})"
     if present(node, 2):
         q = f"double({q}) + double({_param(node, ctx, node.inputs[2], shape, idx, axis, block)})"
@@ -83,8 +91,8 @@ def quantize(node: Node, ctx: LowerContext) -> Lowered:
 def dequantize(node: Node, ctx: LowerContext) -> Lowered:
     x, scale, out = node.inputs[0], node.inputs[1], node.outputs[0]
     xdt = ctx.dtype(x)
-    if xdt not in D.INTS:
-        raise unsupported(node, f"input dtype {xdt} (integers only)")
+    if xdt not in D.INTS and not D.get(xdt).minifloat:
+        raise unsupported(node, f"input dtype {xdt} (integers, float8 and float4 only)")
     axis, block = _axis_block(node, ctx, x)
     shape = ctx.shape(x)
     idx = idx_names(len(shape))

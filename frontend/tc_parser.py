@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from polyc import limits
+from polyc import dtypes as D
 from polyc.errors import CompileError, ParseError, SemanticError
 
 #: every scalar type name of TC (the lowering rejects those polyc does not compile)
-TC_TYPES = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
-            "int64", "float16", "bfloat16", "float32", "float64", "float", "double", "half",
-            "byte")
+TC_TYPES = tuple(D.TC_NAMES)
 #: assignment operators of statements
 ASSIGN_OPS = ("=", "+=", "*=", "min=", "max=", "+=!", "*=!", "min=!", "max=!")
 KEYWORDS = ("def", "where", "exists", "in")

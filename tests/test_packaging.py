@@ -9,10 +9,10 @@
 
   - ``polyc/`` core modules never import the frontends or the code generator; only the
     wiring modules (``pipeline``, ``api``, ``cli``, ``__init__``, ``__main__``) may;
-  - ``frontend/`` uses only ``polyc.ir``, ``polyc.expr``, ``polyc.errors``,
+  - ``frontend/`` uses only ``polyc.ir``, ``polyc.expr``, ``polyc.dtypes``, ``polyc.errors``,
     ``polyc.limits``, ``polyc.program`` and the IR-to-IR pass ``polyc.inline`` from polyc
     (plus its own package, the standard library, numpy and islpy);
-  - ``codegen/`` uses only ``polyc.ir``, ``polyc.expr``, ``polyc.errors``,
+  - ``codegen/`` uses only ``polyc.ir``, ``polyc.expr``, ``polyc.dtypes``, ``polyc.errors``,
     ``polyc.limits``, ``polyc.options`` (plus its own package, the standard library,
     numpy, islpy, cgen).
 """
@@ -163,10 +163,10 @@ def _top(name: str) -> str:
 
 
 THIRD_PARTY = {"frontend": {"numpy", "islpy", "onnx", "pycparser"}, "codegen": {"numpy", "islpy", "cgen"}}
-ALLOWED_CORE = {"frontend": {"polyc.ir", "polyc.expr", "polyc.errors", "polyc.program",
-                             "polyc.inline", "polyc.limits"},
-                "codegen": {"polyc.ir", "polyc.expr", "polyc.errors", "polyc.options",
-                            "polyc.program", "polyc.limits"}}
+ALLOWED_CORE = {"frontend": {"polyc.ir", "polyc.expr", "polyc.dtypes", "polyc.errors",
+                             "polyc.program", "polyc.inline", "polyc.limits"},
+                "codegen": {"polyc.ir", "polyc.expr", "polyc.dtypes", "polyc.errors",
+                            "polyc.options", "polyc.program", "polyc.limits"}}
 WIRING = {"polyc.pipeline", "polyc.api", "polyc.cli", "polyc", "polyc.__main__", "polyc.model",
           "polyc.backend", "polyc.tune", "polyc.compare", "polyc.search", "polyc.plot"}
 LAYERS = ("polyc.frontend", "polyc.codegen")
