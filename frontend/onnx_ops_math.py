@@ -416,8 +416,7 @@ def cast(node: Node, ctx: LowerContext) -> Lowered:
 def saturated(x: str, dt: str) -> str:
     """``x`` clamped to the finite range of the float8 type ``dt`` (NaN stays NaN), as
     ONNX's saturating conversions are: the cast itself overflows to infinity or NaN."""
-    import ml_dtypes
-    top = float(ml_dtypes.finfo(D.numpy_dtype(dt)).max)
+    top = D.finite_max(dt)
     m = lit(top, "float32")
     return f"({x} > {m} ? {m} : ({x} < -{m} ? -{m} : {x}))"
 

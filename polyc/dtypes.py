@@ -129,6 +129,12 @@ def numpy_dtype(name: str) -> Any:
     return BY_NAME[name].numpy
 
 
+def finite_max(name: str) -> float:
+    """The largest finite value of a floating-point dtype."""
+    import ml_dtypes  # its finfo knows numpy's floats and its own
+    return float(ml_dtypes.finfo(numpy_dtype(name)).max)
+
+
 def from_numpy(dtype: Any) -> str | None:
     """polyc's name for a numpy dtype, None if polyc has no such dtype."""
     import numpy as np
