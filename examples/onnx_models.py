@@ -153,13 +153,16 @@ def light_expected_output(name: str) -> np.ndarray:
     return numpy_helper.to_array(t)
 
 
-def randomized_light_model(name: str, seed: int = 0, logits: bool = True) -> onnx.ModelProto:
+def randomized_light_model(name: str, seed: int = 0, logits: bool = True,
+                           gain: float = 1.0) -> onnx.ModelProto:
     """The architecture with each ConstantOfShape weight fill replaced by a seeded random
     initializer, scaled by its use (He-style for Conv/Gemm weights, near 1 for scales and
     variances, small for biases and means) so activations stay finite through the net.
 
     With ``logits``, a final Softmax becomes an Identity: random weights often saturate
-    the softmax to a one-hot vector, which would hide errors in everything before it."""
+    the softmax to a one-hot vector, which would hide errors in everything before it.
+    ``gain`` scales the Conv/Gemm weights (below 1 keeps a residual net's activations
+    within float16's range)."""
     m = light_model(name)
     if logits:
         for n in m.graph.node:
@@ -178,7 +181,10 @@ def randomized_light_model(name: str, seed: int = 0, logits: bool = True) -> onn
             continue
         shape = _constant_shape(m, n.input[0]) if n.input else ()
         op, slot = consumers.get(n.output[0], ("", 0))
-        inits.append(numpy_helper.from_array(_random_fill(rng, shape, op, slot), n.output[0]))
+        fill = _random_fill(rng, shape, op, slot)
+        if op in ("Conv", "Gemm", "MatMul") and slot == 1:
+            fill = (fill * gain).astype(np.float32)
+        inits.append(numpy_helper.from_array(fill, n.output[0]))
     del m.graph.node[:]
     m.graph.node.extend(keep)
     used = {x for n in keep for x in n.input}
@@ -213,6 +219,78 @@ def _random_fill(rng, shape, op: str, slot: int) -> np.ndarray:
     if op == "Mul" or (op == "Unsqueeze" and slot == 0):
         return (0.5 + rng.random(shape)).astype(np.float32)
     return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+
+
+def to_float16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with every float32 tensor float16: initializers, graph inputs and
+    outputs, Constant values, Cast targets and ConstantOfShape fills (the value records
+    are dropped; shape inference gives them again)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    F32, F16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+
+    def half(t: onnx.TensorProto) -> None:
+        if t.data_type == F32:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16),
+                                               t.name))
+    for t in m.graph.initializer:
+        half(t)
+    for v in list(m.graph.input) + list(m.graph.output):
+        if v.type.tensor_type.elem_type == F32:
+            v.type.tensor_type.elem_type = F16
+    for n in m.graph.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                half(a.t)
+            if n.op_type == "Cast" and a.name == "to" and a.i == F32:
+                a.i = F16
+    del m.graph.value_info[:]
+    return m
+
+
+def quantize_qdq(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]],
+                 per_channel: bool = True) -> onnx.ModelProto:
+    """The model quantized by onnxruntime's static quantizer in QDQ form (uint8
+    activations, int8 weights, per output channel by default), calibrated on ``feeds``."""
+    import sys
+    import tempfile
+
+    # onnxruntime's quantizer imports its own top-level "onnx_model" module: hide this
+    # directory's examples/onnx_model.py while it loads
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved_path, saved_module = list(sys.path), sys.modules.pop("onnx_model", None)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    try:
+        from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                              quantize_static)
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+    finally:
+        sys.path[:] = saved_path
+        if saved_module is not None:
+            sys.modules["onnx_model"] = saved_module
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                default=0)
+    if opset < 13:  # per-channel DequantizeLinear (its axis) needs opset 13
+        from onnx import version_converter
+        model = version_converter.convert_version(model, 13)
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = os.path.join(d, "model.onnx"), os.path.join(d, "model_qdq.onnx")
+        pre = os.path.join(d, "model_pre.onnx")
+        onnx.save(model, src)
+        # onnxruntime's recommended pre-processing: shapes, and BatchNormalization folded
+        # into the convolutions (else each is quantized apart)
+        quant_pre_process(src, pre, skip_symbolic_shape=True)
+        quantize_static(pre, dst, Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        per_channel=per_channel)
+        return onnx.load(dst)
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray],

@@ -124,7 +124,17 @@ def conv(node: Node, ctx: LowerContext) -> Lowered:
     check_dtype(node, ctx, x, FLOATS)
     if node.attr(CHANNELS_LAST):
         return _conv_channels_last(node, ctx)
-    xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
+    return Lowered(conv_statements(node, ctx, x, w, b, ctx.name(y), ctx.shape(y)))
+
+
+def conv_statements(node: Node, ctx: LowerContext, x: str, w: str, b: str, target: str,
+                    ys: Sequence[int], product=None, pad: str | None = None) -> list[str]:
+    """The statements of a convolution of ``x`` by ``w`` (plus the bias ``b``, a tensor
+    or "") into ``target`` (a TC name of shape ``ys``): ``product(x_read, w_read)`` is the
+    summed term (default ``x * w``), ``pad`` the value of the input's padding (default 0;
+    a quantized input pads with its zero point)."""
+    product = product or (lambda a, b_: f"{a} * {b_}")
+    xs, ws = ctx.shape(x), ctx.shape(w)
     k = len(xs) - 2
     if k < 1 or len(ws) != k + 2:
         raise unsupported(node, f"input rank {len(xs)} / weight rank {len(ws)}")
@@ -138,7 +148,7 @@ def conv(node: Node, ctx: LowerContext) -> Lowered:
         raise unsupported(node, f"kernel_shape={kernel} differs from the weight's {ws[2:]}")
     win = Window(node, xs[2:], ys[2:], ws[2:])
     if group == 1 and flat_pointwise(win):
-        return _conv_1x1_flat(node, ctx)
+        return _conv_1x1_flat(ctx, x, w, b, target, ys, product)
     o, r = names("o", k), names("k", k)
     cin = "c" if group == 1 else affine([(Cg, f"(m / {M // group})"), (1, "c")])
     stmts = []
@@ -146,27 +156,27 @@ def conv(node: Node, ctx: LowerContext) -> Lowered:
     if group == 1 and win.strides[-1] > 1 and win.kernel[-1] > 1:
         # strided: a padded copy split by phase, so the vector loop reads contiguously
         src = ctx.temp("xphase")
-        stmts.append(_phase_copy(ctx, x, src, win))
+        stmts.append(_phase_copy(ctx, x, src, win, pad))
         xread = read(src, ["n", "c"] + [_phase(win, d, r[d])[0] for d in range(k)]
                      + [affine([(1, o[d])]) + " + " + _phase(win, d, r[d])[1] for d in range(k)])
     elif any(win.guards(d, o[d], r[d]) for d in range(k)):
         # padding: copy the input into a zero-padded temporary, then a rectangular,
         # unguarded convolution over it (see the module doc)
         src = ctx.temp("xpad")
-        stmts.append(_padded_copy(ctx, x, src, win, ["n", "ci"], []))
+        stmts.append(_padded_copy(ctx, x, src, win, ["n", "ci"], [], pad))
         xread = read(src, ["n", cin] + [affine([(win.strides[d], o[d]),
                                                 (win.dilations[d], r[d])], 0)
                                         for d in range(k)])
     else:
         xread = read(src, ["n", cin] + [win.index(d, o[d], r[d]) for d in range(k)])
-    prod = f"{xread} * {read(ctx.name(w), ['m', 'c'] + r)}"
+    prod = product(xread, read(ctx.name(w), ['m', 'c'] + r))
     out_idx = ["n", "m"] + o
     ranges = [("n", 0, ys[0]), ("m", 0, M), ("c", 0, Cg)] + \
         [(o[d], 0, ys[d + 2]) for d in range(k)] + [(r[d], 0, ws[d + 2]) for d in range(k)]
-    stmts.append(f"{lhs(ctx.name(y), out_idx)} +=! {prod}{where(ranges)}")
+    stmts.append(f"{lhs(target, out_idx)} +=! {prod}{where(ranges)}")
     if b:
-        stmts.append(_bias(ctx, y, b, out_idx))
-    return Lowered(stmts)
+        stmts.append(_bias(ctx, target, ys, b, out_idx))
+    return stmts
 
 
 def flat_pointwise(win: Window) -> bool:
@@ -175,22 +185,22 @@ def flat_pointwise(win: Window) -> bool:
         not any(win.begin + win.end)
 
 
-def _conv_1x1_flat(node: Node, ctx: LowerContext) -> Lowered:
+def _conv_1x1_flat(ctx: LowerContext, x: str, w: str, b: str, target: str,
+                   ys: Sequence[int], product) -> list[str]:
     """A 1x1, stride-1, unpadded, group-1 Conv is a matmul over the flattened pixels:
     ``Yf(n, m, p) +=! X(n, c, p) * W(m, c, 0..)`` with ``X`` viewed as ``(N, C, H*W)``,
     then ``Y(n, m, h, w) = Yf(n, m, h*W + w) (+ B(m))``. The vector loop runs over all
     ``H*W`` contiguous pixels (784 at 28x28) instead of one row of ``W`` (28: short
     loops, partial register tiles): 55 -> ~100 GFLOP/s on ResNet-50's 1x1 layers. The
     copy-out is the pass the bias and the fused elementwise ops make anyway."""
-    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
-    b = node.inputs[2] if len(node.inputs) > 2 else ""
-    xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
+    xs, ws = ctx.shape(x), ctx.shape(w)
     k = len(xs) - 2
     pixels = int(np.prod(xs[2:]))
     xf, yf = ctx.view(x, (xs[0], xs[1], pixels)), ctx.temp("yf")
     ranges = [("n", 0, ys[0]), ("m", 0, ws[0]), ("p", 0, pixels), ("c", 0, ws[1])]
-    conv = f"{lhs(yf, ['n', 'm', 'p'])} +=! {read(xf, ['n', 'c', 'p'])} * " \
-        f"{read(ctx.name(w), ['m', 'c'] + ['0'] * k)}{where(ranges)}"
+    conv = f"{lhs(yf, ['n', 'm', 'p'])} +=! " \
+        f"{product(read(xf, ['n', 'c', 'p']), read(ctx.name(w), ['m', 'c'] + ['0'] * k))}" \
+        f"{where(ranges)}"
     o = names("o", k)
     strides = [int(np.prod(ys[2 + d + 1:])) for d in range(k)]
     pixel = affine([(strides[d], o[d]) for d in range(k)])
@@ -198,9 +208,9 @@ def _conv_1x1_flat(node: Node, ctx: LowerContext) -> Lowered:
     if b:
         value = f"{value} + {read(ctx.name(b), ['m'])}"
     out_idx = ["n", "m"] + o
-    copy_out = f"{lhs(ctx.name(y), out_idx)} = {value}" \
+    copy_out = f"{lhs(target, out_idx)} = {value}" \
         f"{where([(i, 0, d) for i, d in zip(out_idx, ys)])}"
-    return Lowered([conv, copy_out])
+    return [conv, copy_out]
 
 
 def _phase(win: Window, d: int, r: str) -> tuple[str, str]:
@@ -210,7 +220,8 @@ def _phase(win: Window, d: int, r: str) -> tuple[str, str]:
     return f"(({kd}) % {s})", f"(({kd}) / {s})"
 
 
-def _phase_copy(ctx: LowerContext, x: str, dst: str, win: Window) -> str:
+def _phase_copy(ctx: LowerContext, x: str, dst: str, win: Window, pad: str | None = None
+                ) -> str:
     """``dst(n, ci, ph.., q..) = X(n, ci, s*q + ph - pad, ..)`` (0 outside the input): the
     padded input split into ``s x s`` phase planes, so that a stride-``s`` convolution
     reads ``dst(n, c, k % s, .., o + k / s, ..)`` -- unit stride along the output row
@@ -227,12 +238,12 @@ def _phase_copy(ctx: LowerContext, x: str, dst: str, win: Window) -> str:
         guards += [f"{e} >= 0", f"{e} < {xs[d + 2]}"]
         ranges += [(ph[d], 0, s), (q[d], 0, -(-ext // s))]
     xval = read(ctx.name(x), ["n", "ci"] + idx)
-    zero = literal(0.0, ctx.dtype(x))
+    zero = pad or literal(0.0, ctx.dtype(x))
     return f"{lhs(dst, ['n', 'ci'] + ph + q)} = {_guarded(guards, xval, zero)}{where(ranges)}"
 
 
 def _padded_copy(ctx: LowerContext, x: str, dst: str, win: Window, before: list[str],
-                 after: list[str]) -> str:
+                 after: list[str], pad: str | None = None) -> str:
     """``dst(before.., p.., after..) = X(n, ci, p - pad..)`` (0 in the padding): the
     input's spatial dimensions copied between the leading ``before`` and trailing
     ``after`` indices (``n, ci`` first for NCHW, ``n`` / ``ci`` around for NHWC)."""
@@ -249,7 +260,7 @@ def _padded_copy(ctx: LowerContext, x: str, dst: str, win: Window, before: list[
             guards.append(f"{e} < {xs[d + 2]}")
     xval = read(ctx.name(x), ["n", "ci"] + [affine([(1, p[d])], -win.begin[d])
                                           for d in range(k)])
-    zero = literal(0.0, ctx.dtype(x))
+    zero = pad or literal(0.0, ctx.dtype(x))
     ranges = [("n", 0, xs[0]), ("ci", 0, xs[1])] + [(p[d], 0, ext[d]) for d in range(k)]
     return f"{lhs(dst, before + p + after)} = {_guarded(guards, xval, zero)}{where(ranges)}"
 
@@ -297,9 +308,9 @@ def _conv_channels_last(node: Node, ctx: LowerContext) -> Lowered:
     return Lowered([copy_in, conv, copy_out])
 
 
-def _bias(ctx: LowerContext, y: str, b: str, out_idx: list[str]) -> str:
-    ys = ctx.shape(y)
-    target = lhs(ctx.name(y), out_idx)
+def _bias(ctx: LowerContext, y: str, ys: Sequence[int], b: str, out_idx: list[str]) -> str:
+    """``y(out) = y(out) + b(m)``: ``y`` a TC name of shape ``ys``."""
+    target = lhs(y, out_idx)
     return (f"{target} = {target} + {read(ctx.name(b), ['m'])}"
             f"{where([(i, 0, d) for i, d in zip(out_idx, ys)])}")
 
@@ -368,7 +379,7 @@ def conv_transpose(node: Node, ctx: LowerContext) -> Lowered:
     stmts = [f"{lhs(ctx.name(y), out_idx)} +=! {_guarded(guards, prod, literal(0.0, dt))}"
              f"{clauses}"]
     if b:
-        stmts.append(_bias(ctx, y, b, out_idx))
+        stmts.append(_bias(ctx, ctx.name(y), ctx.shape(y), b, out_idx))
     return Lowered(stmts)
 
 

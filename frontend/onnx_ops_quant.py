@@ -188,3 +188,82 @@ def qlinear_matmul(node: Node, ctx: LowerContext) -> Lowered:
     acc_ref = f"{acc}({', '.join(out_idx)})" if out_idx else acc
     q = f"round(double({acc_ref}) * double({mult}){yzp})"
     return Lowered(stmts + [stmt(ctx, out, out_idx, "=", _saturated(q, ctx.dtype(out)))])
+
+
+def _conv_operand_zero(node: Node, ctx: LowerContext, i: int, per_channel: str | None
+                       ) -> str:
+    """A conv's zero point (input ``i``) as an int32 expression: per tensor, or per output
+    channel at index ``per_channel``."""
+    if not present(node, i):
+        return "0"
+    t = node.inputs[i]
+    v = small_const(ctx, t)
+    if v is not None:
+        return lit(int(v), "int32")
+    shape = ctx.shape(t)
+    if len(shape) == 0 or (len(shape) == 1 and shape[0] == 1):
+        return f"int32({ref(ctx, t, ['0'] * len(shape))})"
+    if len(shape) == 1 and per_channel is not None:
+        return f"int32({ref(ctx, t, [per_channel])})"
+    raise unsupported(node, f"zero point {t!r} of shape {list(shape)}")
+
+
+def _integer_conv(node: Node, ctx: LowerContext, x: str, w: str, xzp: int, wzp: int,
+                  bias: str, target: str) -> list[str]:
+    """The int32 convolution of ``(x - x_zero) * (w - w_zero)`` into ``target`` (the input
+    padded with its zero point, so a padded tap adds 0)."""
+    from .onnx_ops_nn import conv_statements
+    for t in (x, w):
+        if ctx.dtype(t) not in ("int8", "uint8"):
+            raise unsupported(node, f"dtype {ctx.dtype(t)} of {t!r} (int8 or uint8)")
+    zx = _conv_operand_zero(node, ctx, xzp, None)
+    zw = _conv_operand_zero(node, ctx, wzp, "m")
+    pad = None
+    if zx != "0":
+        pad = cast_to(ctx.dtype(x), zx)
+
+    def product(xr: str, wr: str) -> str:
+        a = f"int32({xr})" + (f" - {zx}" if zx != "0" else "")
+        b = f"int32({wr})" + (f" - {zw}" if zw != "0" else "")
+        return f"({a}) * ({b})"
+    return conv_statements(node, ctx, x, w, bias, target, ctx.shape(node.outputs[0]),
+                           product, pad)
+
+
+@register("ConvInteger")
+def conv_integer(node: Node, ctx: LowerContext) -> Lowered:
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    return Lowered(_integer_conv(node, ctx, x, w, 2, 3, "", ctx.name(y)))
+
+
+@register("QLinearConv")
+def qlinear_conv(node: Node, ctx: LowerContext) -> Lowered:
+    """ONNX's QLinearConv (and polyc's fusion of a QDQ convolution into one): the int32
+    convolution with the int32 bias, then ``saturate(rint(acc * x_scale * w_scale /
+    y_scale) + y_zero)``, the weight scale per tensor or per output channel; with
+    ``polyc_relu``, the ReLU between the convolution and its quantization folded into
+    the saturation's lower bound (``max(q, y_zero)``, exact: quantizing is monotonic)."""
+    x, xs_, _, w, ws_, _, ys_ = node.inputs[:7]
+    y = node.outputs[0]
+    bias = node.inputs[8] if present(node, 8) else ""
+    acc = ctx.temp("acc")
+    shape = ctx.shape(y)
+    stmts = _integer_conv(node, ctx, x, w, 2, 5, bias, acc)
+    idx = ["n", "m"] + [f"o{d}" for d in range(len(shape) - 2)]
+
+    def scalar(t: str, per_channel: bool = False) -> str:
+        s = ctx.shape(t)
+        if len(s) == 1 and s[0] == shape[1] and s[0] != 1 and per_channel:
+            return ref(ctx, t, ['m'])
+        if len(s) > 1 or (len(s) == 1 and s[0] != 1):
+            raise unsupported(node, f"scale {t!r} of shape {list(s)}")
+        return ref(ctx, t, ['0'] * len(s))
+    dt = ctx.dtype(y)
+    # the multiplier in the scales' type, operation by operation, as ONNX's reference
+    mult = f"double(({scalar(xs_)} * {scalar(ws_, True)}) / {scalar(ys_)})"
+    yzp = f" + double({ref(ctx, node.inputs[7], ['0'] * ctx.rank(node.inputs[7]))})" \
+        if present(node, 7) else ""
+    q = f"round(double({acc}({', '.join(idx)})) * {mult}{yzp})"
+    if node.attr("polyc_relu", 0) and present(node, 7):
+        q = f"max({q}, double({ref(ctx, node.inputs[7], ['0'] * ctx.rank(node.inputs[7]))}))"
+    return Lowered(stmts + [stmt(ctx, y, idx, "=", _saturated(q, dt))])

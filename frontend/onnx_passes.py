@@ -455,6 +455,105 @@ def eliminate_common_subexpressions(graph: Graph, stats: Counter | None = None) 
     return eliminate_dead_nodes(_replace(graph, nodes=nodes), stats)
 
 
+def fuse_qdq_convs(graph: Graph, stats: Counter | None = None) -> Graph:
+    """A QDQ-quantized convolution -- ``DequantizeLinear`` of an int8/uint8 input and
+    weight (and of an int32 bias whose scale is the input's times the weight's), a float
+    Conv, maybe a Relu, then ``QuantizeLinear`` -- becomes one ``QLinearConv`` on the
+    integers (a Relu folds into the saturation, ``polyc_relu``). It computes what the
+    float graph computes up to the float rounding of its sum (the integer sum is exact),
+    as onnxruntime's QDQ fusion does. Patterns that do not match exactly are left alone
+    (their float form is correct, only slower)."""
+    stats = stats if stats is not None else Counter()
+    made = producers(graph)
+    users = consumers(graph)
+    outputs = set(graph.outputs)
+    fused: dict[str, Node] = {}   # conv name -> its QLinearConv
+    gone: set[str] = set()        # names of the nodes it replaces
+    for n in graph.nodes:
+        if n.op_type != "Conv" or len(n.inputs) < 2:
+            continue
+        new = _qdq_conv(graph, n, made, users, outputs)
+        if new is not None:
+            node, replaced = new
+            fused[n.name] = node
+            gone.update(replaced)
+    if not fused:
+        return graph
+    nodes = [fused.get(n.name, n) for n in graph.nodes if n.name not in gone or n.name in fused]
+    stats["qdq_convs"] += len(fused)
+    return eliminate_dead_nodes(_replace(graph, nodes=nodes))
+
+
+_INT8 = ("int8", "uint8")
+
+
+def _qdq_conv(graph: Graph, conv: Node, made: Mapping[str, Node],
+              users: Mapping[str, list[Node]], outputs: set[str]
+              ) -> tuple[Node, list[str]] | None:
+    def dq(t: str) -> Node | None:
+        p = made.get(t)
+        if p is None or p.op_type != "DequantizeLinear" or len(p.inputs) < 3 \
+                or not p.inputs[2] or p.attr("block_size", 0):
+            return None
+        return p
+    dx, dw = dq(conv.inputs[0]), dq(conv.inputs[1])
+    if dx is None or dw is None:
+        return None
+    xq, sx, zx = dx.inputs[:3]
+    wq, sw, zw = dw.inputs[:3]
+    t = graph.tensors
+    if t[xq].dtype not in _INT8 or t[wq].dtype not in _INT8 or t[sx].shape not in ((), (1,)):
+        return None
+    if t[sw].shape not in ((), (1,)) and (t[sw].shape != (t[wq].shape[0],)
+                                          or dw.attr("axis", 1) != 0):
+        return None
+    bias = ""
+    if len(conv.inputs) > 2 and conv.inputs[2]:
+        db = made.get(conv.inputs[2])
+        if db is None or db.op_type != "DequantizeLinear" or t[db.inputs[0]].dtype != "int32":
+            return None
+        c = graph.constants
+        if not all(x in c for x in (sx, sw, db.inputs[1])):
+            return None
+        want = (c[sx].astype(np.float32).reshape(-1)[0] *
+                c[sw].astype(np.float32).reshape(-1)).astype(np.float32)
+        sb = c[db.inputs[1]].astype(np.float32).reshape(-1)
+        if len(db.inputs) > 2 and db.inputs[2] and (db.inputs[2] not in c
+                                                    or np.any(c[db.inputs[2]] != 0)):
+            return None
+        if sb.shape != want.shape and sb.size != 1 and want.size != 1:
+            return None
+        if not np.array_equal(np.broadcast_to(sb, np.broadcast(sb, want).shape),
+                              np.broadcast_to(want, np.broadcast(sb, want).shape)):
+            return None
+        bias = db.inputs[0]
+    y = conv.outputs[0]
+    replaced = [conv.name]
+    relu = False
+    after = users.get(y, [])
+    if y in outputs or len(after) != 1:
+        return None
+    nxt = after[0]
+    if nxt.op_type == "Relu":
+        relu = True
+        replaced.append(nxt.name)
+        if nxt.outputs[0] in outputs or len(users.get(nxt.outputs[0], [])) != 1:
+            return None
+        nxt = users[nxt.outputs[0]][0]
+    if nxt.op_type != "QuantizeLinear" or len(nxt.inputs) < 3 or not nxt.inputs[2]:
+        return None
+    sy, zy = nxt.inputs[1], nxt.inputs[2]
+    if t[sy].shape not in ((), (1,)) or t[nxt.outputs[0]].dtype not in _INT8:
+        return None
+    replaced.append(nxt.name)
+    attrs = {k: v for k, v in conv.attrs.items()}
+    if relu:
+        attrs["polyc_relu"] = 1
+    node = Node(conv.name, "QLinearConv", (xq, sx, zx, wq, sw, zw, sy, zy) +
+                ((bias,) if bias else ()), (nxt.outputs[0],), attrs)
+    return node, replaced
+
+
 def eliminate_dead_nodes(graph: Graph, stats: Counter | None = None) -> Graph:
     """Drop nodes none of whose outputs is read (by a live node) or a graph output, and
     constants and tensor records nothing refers to any more."""
@@ -486,6 +585,7 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None) -> Graph:
     into ``stats`` when given, and are returned by :func:`pass_stats` afterwards."""
     c: Counter = Counter()
     before = len(graph.nodes)
+    graph = fuse_qdq_convs(graph, c)  # before folding turns DequantizeLinear(W) into floats
     graph = fold_constants(graph, c)
     graph = remove_noops(graph, c)
     graph = fold_batchnorm(graph, c)
@@ -495,7 +595,8 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None) -> Graph:
     graph = choose_conv_layouts(graph, c)
     c["nodes_before"] = before
     c["nodes_after"] = len(graph.nodes)
-    result = {k: int(c.get(k, 0)) for k in ("folded", "noops", "batchnorm_folded", "cse",
+    result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "folded", "noops",
+                                             "batchnorm_folded", "cse",
                                              "cse_constants", "dead", "conv_channels_last",
                                              "gemm_transposed", "nodes_before",
                                              "nodes_after")}
