@@ -24,7 +24,7 @@ from polyc import expr as E
 from polyc.errors import InternalError
 
 #: C type of each polyc dtype's stored elements (``bool`` from <stdbool.h> is C's ``_Bool``,
-#: one byte like numpy's; float16 is gcc's ``_Float16``, bfloat16 its bits in a uint16_t)
+#: one byte like numpy's; float16 and bfloat16 their bits in a uint16_t)
 CTYPES = {d.name: d.ctype for d in D.BY_NAME.values()}
 
 
@@ -55,7 +55,7 @@ def load(dtype: str, x: Piece) -> Piece:
     if d.minifloat:
         return call(f"polyc_{_tag(dtype)}_load", x)
     if dtype == "float16":
-        return Piece(f"(float){x.at(PRIMARY)}", UNARY)
+        return call("polyc_f16_load", x)
     if dtype == "bfloat16":
         return call("polyc_bf16_load", x)
     return x
@@ -69,7 +69,7 @@ def store(dtype: str, x: Piece) -> Piece:
     if d.minifloat:
         return call(f"polyc_{_tag(dtype)}_store", x)
     if dtype == "float16":
-        return Piece(f"(_Float16){x.at(PRIMARY)}", UNARY)
+        return call("polyc_f16_store", x)
     if dtype == "bfloat16":
         return call("polyc_bf16_store", x)
     return x
@@ -537,8 +537,39 @@ def _prelude() -> str:
              f"{{ const {ct} r = fmod{f}(a, b); return r == {zero} ? copysign{f}({zero}, b) "
              f": (r < {zero}) != (b < {zero}) ? r + b : r; }}")]
     lines += [
-        "/* float16 is computed in float: a value rounded to float16 and held as a float */",
-        "#define polyc_round_f16(x) ((float)(_Float16)(x))",
+        "/* float16 is stored as its bits and computed in float. The conversions are exact",
+        "   (rounding to nearest even; subnormals, infinities and NaN kept) and branch-free,",
+        "   so that gcc vectorizes them (it does not vectorize _Float16's without AVX512-FP16)",
+        "   */",
+        "static inline float polyc_f16_load(uint16_t h)",
+        "{",
+        "  const uint32_t em = h & 0x7fffu, bits = em << 13;",
+        "  float f;",
+        "  memcpy(&f, &bits, sizeof f);",
+        "  f *= 0x1p112f;  /* re-biases the exponent; a subnormal comes out right too */",
+        "  uint32_t r;",
+        "  memcpy(&r, &f, sizeof r);",
+        "  r = em >= 0x7c00u ? (bits | 0x7f800000u) : r;  /* infinity, NaN */",
+        "  r |= (uint32_t)(h & 0x8000u) << 16;",
+        "  memcpy(&f, &r, sizeof f);",
+        "  return f;",
+        "}",
+        "static inline uint16_t polyc_f16_store(float x)",
+        "{",
+        "  uint32_t u, sub_bits;",
+        "  memcpy(&u, &x, sizeof u);",
+        "  const uint32_t sign = u & 0x80000000u, a = u ^ sign, magic = 126u << 23;",
+        "  float fa, fm;",
+        "  memcpy(&fa, &a, sizeof fa);",
+        "  memcpy(&fm, &magic, sizeof fm);",
+        "  const float sub = fa + fm;  /* a subnormal result: the FPU rounds it */",
+        "  memcpy(&sub_bits, &sub, sizeof sub_bits);",
+        "  const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;",
+        "  const uint32_t o = a >= 0x47800000u ? (a > 0x7f800000u ? 0x7e00u : 0x7c00u)",
+        "                     : (a < 0x38800000u ? sub_bits - magic : normal);",
+        "  return (uint16_t)(o | (sign >> 16));",
+        "}",
+        "static inline float polyc_round_f16(float x) { return polyc_f16_load(polyc_f16_store(x)); }",
         "/* bfloat16: the high half of a float's bits; rounded to nearest even, NaN kept */",
         "static inline float polyc_bf16_load(uint16_t h)",
         "{",

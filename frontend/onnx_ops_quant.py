@@ -247,8 +247,24 @@ def qlinear_conv(node: Node, ctx: LowerContext) -> Lowered:
     y = node.outputs[0]
     bias = node.inputs[8] if present(node, 8) else ""
     acc = ctx.temp("acc")
-    shape = ctx.shape(y)
     stmts = _integer_conv(node, ctx, x, w, 2, 5, bias, acc)
+    zy = node.inputs[7] if present(node, 7) else ""
+    return Lowered(stmts + [_requantize(node, ctx, acc, xs_, ws_, ys_, zy, y)])
+
+
+@register("PolycRequantize")
+def requantize(node: Node, ctx: LowerContext) -> Lowered:
+    """polyc's own op (made by the QDQ fusion): ``y = saturate(rint(acc * x_scale *
+    w_scale / y_scale) + y_zero)`` of a convolution's exact sums ``acc``."""
+    acc, xs_, ws_, ys_, zy = node.inputs[:5]
+    return Lowered([_requantize(node, ctx, ctx.name(acc), xs_, ws_, ys_,
+                                zy, node.outputs[0])])
+
+
+def _requantize(node: Node, ctx: LowerContext, acc: str, xs_: str, ws_: str, ys_: str,
+                zy: str, y: str) -> str:
+    """The requantization of the sums ``acc`` (a TC name shaped as ``y``) into ``y``."""
+    shape = ctx.shape(y)
     idx = ["n", "m"] + [f"o{d}" for d in range(len(shape) - 2)]
 
     def scalar(t: str, per_channel: bool = False) -> str:
@@ -261,9 +277,8 @@ def qlinear_conv(node: Node, ctx: LowerContext) -> Lowered:
     dt = ctx.dtype(y)
     # the multiplier in the scales' type, operation by operation, as ONNX's reference
     mult = f"double(({scalar(xs_)} * {scalar(ws_, True)}) / {scalar(ys_)})"
-    yzp = f" + double({ref(ctx, node.inputs[7], ['0'] * ctx.rank(node.inputs[7]))})" \
-        if present(node, 7) else ""
+    yzp = f" + double({ref(ctx, zy, ['0'] * ctx.rank(zy))})" if zy else ""
     q = f"round(double({acc}({', '.join(idx)})) * {mult}{yzp})"
-    if node.attr("polyc_relu", 0) and present(node, 7):
-        q = f"max({q}, double({ref(ctx, node.inputs[7], ['0'] * ctx.rank(node.inputs[7]))}))"
-    return Lowered(stmts + [stmt(ctx, y, idx, "=", _saturated(q, dt))])
+    if node.attr("polyc_relu", 0) and zy:
+        q = f"max({q}, double({ref(ctx, zy, ['0'] * ctx.rank(zy))}))"
+    return stmt(ctx, y, idx, "=", _saturated(q, dt))

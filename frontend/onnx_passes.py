@@ -467,24 +467,161 @@ def fuse_qdq_convs(graph: Graph, stats: Counter | None = None) -> Graph:
     made = producers(graph)
     users = consumers(graph)
     outputs = set(graph.outputs)
-    fused: dict[str, Node] = {}   # conv name -> its QLinearConv
-    gone: set[str] = set()        # names of the nodes it replaces
+    fused: dict[str, list[Node]] = {}   # conv name -> the nodes replacing it
+    gone: set[str] = set()              # names of the nodes they replace
+    tensors, constants = dict(graph.tensors), dict(graph.constants)
     for n in graph.nodes:
         if n.op_type != "Conv" or len(n.inputs) < 2:
             continue
         new = _qdq_conv(graph, n, made, users, outputs)
         if new is not None:
             node, replaced = new
-            fused[n.name] = node
+            fused[n.name] = _exact_in_float(node, graph, tensors, constants) or [node]
             gone.update(replaced)
     if not fused:
         return graph
-    nodes = [fused.get(n.name, n) for n in graph.nodes if n.name not in gone or n.name in fused]
+    nodes = [m for n in graph.nodes if n.name not in gone or n.name in fused
+             for m in fused.get(n.name, [n])]
     stats["qdq_convs"] += len(fused)
-    return eliminate_dead_nodes(_replace(graph, nodes=nodes))
+    return eliminate_dead_nodes(_replace(graph, nodes=nodes, tensors=tensors,
+                                         constants=constants))
+
+
+def _exact_in_float(q: Node, graph: Graph, tensors: dict[str, TensorInfo],
+                    constants: dict[str, np.ndarray]) -> list[Node] | None:
+    """The QLinearConv ``q`` as float32 convolutions and a requantization, where float32
+    sums are exact: every product and partial sum is an integer below 2**24, bounded from
+    the constant weights (per output channel: the sum of ``|w - w_zero|`` times the
+    largest ``|x - x_zero|``, plus ``|bias|``). Then the sums are the int32 ones bit for
+    bit, and the convolution runs at float speed (its layouts, FMA). A convolution whose
+    bound is larger is split along its input channels into convolutions that each stay
+    below it; their exact partial sums are added in int32. None where the zero points or
+    weights are not constants, or the convolution is grouped."""
+    xq, sx, zx, wq, sw, zw, sy, zy = q.inputs[:8]
+    bias = q.inputs[8] if len(q.inputs) > 8 else ""
+    if not all(t in constants for t in (zx, wq, zw) + ((bias,) if bias else ())):
+        return None
+    w = constants[wq].astype(np.int64)
+    zwv = constants[zw].astype(np.int64).reshape(-1)
+    zwv = zwv.reshape((-1,) + (1,) * (w.ndim - 1)) if zwv.size > 1 else zwv.reshape(())
+    w = w - zwv
+    zxv = int(constants[zx].reshape(-1)[0])
+    lo, hi = D.get(tensors[xq].dtype).limits
+    xmax = max(abs(lo - zxv), abs(hi - zxv))
+    b = constants[bias].astype(np.int64) if bias else np.zeros(w.shape[0], np.int64)
+    if int(q.attr("group", 1)) != 1 or w.ndim < 3:
+        return None
+    per_c = np.abs(w).reshape(w.shape[0], w.shape[1], -1).sum(axis=2) * xmax  # (M, C)
+    chunks, start, limit = [], 0, 2 ** 24
+    while start < w.shape[1]:  # channel ranges, each with every sum below 2**24
+        total = np.abs(b) if not chunks else np.zeros_like(b)
+        end = start
+        while end < w.shape[1] and (total + per_c[:, end]).max() < limit:
+            total = total + per_c[:, end]
+            end += 1
+        if end == start:  # one channel alone overflows the bound
+            return None
+        chunks.append((start, end))
+        start = end
+    if len(chunks) > 8:
+        return None
+    shape = tensors[xq].shape
+    names = set(tensors) | set(constants)
+
+    def fresh(base: str, dtype: str, shp: tuple[int, ...], value=None) -> str:
+        name = _fresh(base, names)
+        names.add(name)
+        tensors[name] = TensorInfo(name, dtype, tuple(shp))
+        if value is not None:
+            constants[name] = value
+        return name
+    xc = fresh(f"{xq}_f32", "float32", shape)
+    nodes = [Node(f"{q.name}_widen", "Cast", (xq,), (xc,), {"to": onnx.TensorProto.FLOAT})]
+    xf = xc
+    if zxv:
+        zf = fresh(f"{zx}_f32", "float32", (), np.array(zxv, np.float32))
+        xf = fresh(f"{xq}_centred", "float32", shape)
+        nodes.append(Node(f"{q.name}_centre", "Sub", (xc, zf), (xf,)))
+    y = q.outputs[0]
+    conv_attrs = {k: v for k, v in q.attrs.items() if k != "polyc_relu"}
+    parts = []
+    for i, (c0, c1) in enumerate(chunks):
+        xi = xf
+        if len(chunks) > 1:
+            xi = fresh(f"{xf}_c{c0}", "float32", (shape[0], c1 - c0) + tuple(shape[2:]))
+            consts = [fresh(f"{xi}_{k}", "int64", (1,), np.array([v], np.int64))
+                      for k, v in (("start", c0), ("end", c1), ("axis", 1))]
+            nodes.append(Node(f"{q.name}_slice{i}", "Slice", (xf, *consts), (xi,)))
+        wf = fresh(f"{wq}_f32_{c0}", "float32", (w.shape[0], c1 - c0) + w.shape[2:],
+                   w[:, c0:c1].astype(np.float32))
+        ins = (xi, wf)
+        if bias and i == 0:
+            ins += (fresh(f"{bias}_f32", "float32", b.shape, b.astype(np.float32)),)
+        part = fresh(f"{y}_sum{i}", "float32", tensors[y].shape)
+        nodes.append(Node(f"{q.name}_part{i}" if i else q.name, "Conv", ins, (part,),
+                          conv_attrs))
+        parts.append(part)
+    acc = parts[0]
+    if len(parts) > 1:  # the exact partial sums, added in int32
+        ints = []
+        for i, part in enumerate(parts):
+            pi = fresh(f"{part}_i32", "int32", tensors[y].shape)
+            nodes.append(Node(f"{q.name}_exact{i}", "Cast", (part,), (pi,),
+                              {"to": onnx.TensorProto.INT32}))
+            ints.append(pi)
+        acc = fresh(f"{y}_sum", "int32", tensors[y].shape)
+        nodes.append(Node(f"{q.name}_sum", "Sum", tuple(ints), (acc,)))
+    nodes.append(Node(f"{q.name}_requantize", "PolycRequantize", (acc, sx, sw, sy, zy), (y,),
+                      {"polyc_relu": q.attr("polyc_relu", 0)}))
+    return nodes
 
 
 _INT8 = ("int8", "uint8")
+#: the contractions a float16 model computes in float32 (its weights converted once)
+_CONTRACTIONS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+def contractions_in_float(graph: Graph, stats: Counter | None = None) -> Graph:
+    """A Conv, ConvTranspose, MatMul or Gemm on float16 (or bfloat16) reads its operands
+    converted to float32 and rounds its result once: ``Cast(op(Cast(x), Cast(w)))``.
+
+    polyc sums a float16 contraction in float32 anyway (``polyc.widen``) and products of
+    float16 values are exact in float32, so this is the same arithmetic, with the bias
+    added before the one rounding. It is much faster: each operand element is widened
+    once instead of at each of its uses in the inner loop, the weights at compile time
+    (the Casts of constants fold), and the float32 convolution layouts apply."""
+    stats = stats if stats is not None else Counter()
+    tensors = dict(graph.tensors)
+    nodes: list[Node] = []
+    changed = 0
+    for n in graph.nodes:
+        out = n.outputs[0] if n.outputs else ""
+        half = out and tensors[out].dtype in ("float16", "bfloat16")
+        if n.op_type not in _CONTRACTIONS or not half or len(n.outputs) != 1 or \
+                any(x and tensors[x].dtype != tensors[out].dtype for x in n.inputs):
+            nodes.append(n)
+            continue
+        ins = []
+        for x in n.inputs:
+            if not x:
+                ins.append(x)
+                continue
+            wide = _fresh(f"{x}_f32", tensors)
+            tensors[wide] = TensorInfo(wide, "float32", tensors[x].shape)
+            nodes.append(Node(_fresh(f"{n.name}_widen_{len(ins)}", {m.name for m in nodes}),
+                              "Cast", (x,), (wide,), {"to": onnx.TensorProto.FLOAT}))
+            ins.append(wide)
+        wide_out = _fresh(f"{out}_f32", tensors)
+        tensors[wide_out] = TensorInfo(wide_out, "float32", tensors[out].shape)
+        nodes.append(_with(n, inputs=tuple(ins), outputs=(wide_out,)))
+        to = onnx.TensorProto.FLOAT16 if tensors[out].dtype == "float16" else \
+            onnx.TensorProto.BFLOAT16
+        nodes.append(Node(f"{n.name}_round", "Cast", (wide_out,), (out,), {"to": to}))
+        changed += 1
+    if not changed:
+        return graph
+    stats["half_in_float"] += changed
+    return _replace(graph, nodes=nodes, tensors=tensors)
 
 
 def _qdq_conv(graph: Graph, conv: Node, made: Mapping[str, Node],
@@ -590,12 +727,13 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None) -> Graph:
     graph = remove_noops(graph, c)
     graph = fold_batchnorm(graph, c)
     graph = eliminate_common_subexpressions(graph, c)
-    graph = fold_constants(graph, c)
+    graph = contractions_in_float(graph, c)  # after batchnorm folding, before the weights'
+    graph = fold_constants(graph, c)         # Casts fold
     graph = eliminate_dead_nodes(graph, c)
     graph = choose_conv_layouts(graph, c)
     c["nodes_before"] = before
     c["nodes_after"] = len(graph.nodes)
-    result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "folded", "noops",
+    result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "half_in_float", "folded", "noops",
                                              "batchnorm_folded", "cse",
                                              "cse_constants", "dead", "conv_channels_last",
                                              "gemm_transposed", "nodes_before",

@@ -5,8 +5,8 @@ Each dtype has a name (numpy's spelling; ``bfloat16`` as ml_dtypes spells it), a
 is stored in and the dtype its arithmetic is done in:
 
 * ``float16`` and ``bfloat16`` are stored as such and computed in float32: a read widens
-  to float, a write rounds to nearest even (C's ``_Float16`` conversions, and bit
-  operations for bfloat16, which gcc 12 can store but not convert);
+  to float, a write rounds to nearest even (branch-free bit operations, which gcc
+  vectorizes; it does not vectorize C's ``_Float16`` conversions without AVX512-FP16);
 * the float8 types and float4e2m1 are stored as their codes (one per byte, as
   ml_dtypes holds them) and converted through tables: a read is a table lookup, a write
   rounds to nearest even and overflows to infinity or NaN as ml_dtypes does (ONNX's
@@ -93,7 +93,7 @@ _TABLE = (
     DType("float8e4m3fnuz", "f", 8, "uint8_t", "float32", "float8e4m3fnuz"),
     DType("float8e5m2", "f", 8, "uint8_t", "float32", "float8e5m2"),
     DType("float8e5m2fnuz", "f", 8, "uint8_t", "float32", "float8e5m2fnuz"),
-    DType("float16", "f", 16, "_Float16", "float32", "float16"),
+    DType("float16", "f", 16, "uint16_t", "float32", "float16"),
     DType("bfloat16", "f", 16, "uint16_t", "float32", "bfloat16"),
     DType("float32", "f", 32, "float", "float32", "float"),
     DType("float64", "f", 64, "double", "float64", "double"),
