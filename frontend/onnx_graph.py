@@ -78,6 +78,13 @@ class Lowered:
     graph tensor (its ``step`` is filled in by the lowering driver)."""
     statements: tuple[str, ...] | list[str]
     checks: tuple[IndexCheck, ...] = ()
+    #: ``(iterator, first, last)``: statements ``first..last`` (indices into
+    #: ``statements``) share their outer loop ``iterator`` -- at each of its values they
+    #: run in order (a recurrence over time); TC itself runs statements one after another
+    loops: tuple[tuple[str, int, int], ...] = ()
+    #: statements that only declare a temporary for TC (read before the statement that
+    #: computes it, in a shared loop): dropped from the kernel
+    scaffold: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

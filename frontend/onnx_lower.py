@@ -64,6 +64,7 @@ def load_lowerings() -> None:
             raise
     from . import onnx_ops_attention  # noqa: F401
     from . import onnx_ops_quant  # noqa: F401
+    from . import onnx_ops_rnn  # noqa: F401
 
 
 def check_supported(graph: Graph) -> None:
@@ -147,6 +148,44 @@ def _call_lowering(node: Node, ctx: LowerContext) -> Lowered | View:
         raise InternalError(f"the lowering of {where} returned {type(result).__name__}, "
                             f"not Lowered or View")
     return result
+
+
+def _share_loops(kernel: Kernel, results: list[Lowered]) -> Kernel:
+    """``kernel`` with the statements of each result's ``loops`` range sharing their
+    outer loop (positions ``(first, t, k, other iterators...)``) and its ``scaffold``
+    statements dropped. Statement ``i`` of the group's TC is on line ``i + 2``."""
+    if not any(r.loops or r.scaffold for r in results):
+        return kernel
+    groups: dict[int, tuple[str, int]] = {}  # TC line -> (iterator, group id)
+    drop: set[str] = set()
+    offset = 0
+    for r in results:
+        for it, first, last in r.loops:
+            for i in range(first, last + 1):
+                groups[offset + i + 2] = (it, offset + first)
+        drop.update(f"line {offset + i + 2}" for i in r.scaffold)
+        offset += len(r.statements)
+    stmts = [st for st in kernel.statements if st.origin not in drop]
+    order: list[tuple[str, tuple[int | str, ...]]] = []
+    base: dict[int, int] = {}
+    count: dict[int, int] = {}
+    for index, st in enumerate(stmts):
+        line = int(st.origin.split()[-1]) if st.origin.startswith("line ") else -1
+        if line not in groups:
+            order.append((st.name, (index, *st.iterators)))
+            continue
+        it, gid = groups[line]
+        if st.iterators[:1] != (it,):
+            raise InternalError(f"statement {st.name} ({st.origin}) does not start with "
+                                f"the shared loop {it!r}")
+        b = base.setdefault(gid, index)
+        k = count.get(gid, 0)
+        count[gid] = k + 1
+        order.append((st.name, (b, it, k, *st.iterators[1:])))
+    written = {st.write.array for st in stmts}
+    arrays = tuple(a for a in kernel.arrays if a.role != "temp" or a.name in written)
+    return Kernel(kernel.name, kernel.sizes, arrays, tuple(stmts), kernel.inputs,
+                  kernel.outputs, kernel.context, kernel.fixed_sizes, tuple(order))
 
 
 class _ProgramBuilder:
@@ -234,6 +273,7 @@ class _ProgramBuilder:
         rets = ", ".join(f"{ctx.tc_type(t)} {names[t]}" for t in outputs)
         text = f"def {kname}({params}) -> ({rets}) {{\n{body}\n}}\n"
         kernel = self.compile_tc(text, where)
+        kernel = _share_loops(kernel, results)
         self.verify(kernel, ctx, where, text)
         kernel = inline_pointwise(kernel)
         args = inputs + [t for _, t in views] + outputs

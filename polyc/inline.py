@@ -38,7 +38,13 @@ from .ir import Kernel, Statement
 
 
 def inline_pointwise(kernel: Kernel) -> Kernel:
-    """``kernel`` with every inlinable statement inlined (see the module doc)."""
+    """``kernel`` with every inlinable statement inlined (see the module doc).
+
+    A kernel whose statements share loops (``kernel.order``: a recurrence, where a
+    statement reads what a later one wrote at an earlier step) is left as it is: the
+    rules here reason about statements that run one after another."""
+    if kernel.order:
+        return kernel
     while True:
         found = _find(kernel)
         if found is None:
