@@ -65,6 +65,7 @@ def load_lowerings() -> None:
     from . import onnx_ops_attention  # noqa: F401
     from . import onnx_ops_quant  # noqa: F401
     from . import onnx_ops_rnn  # noqa: F401
+    from . import onnx_ops_index  # noqa: F401
 
 
 def check_supported(graph: Graph) -> None:

@@ -1,0 +1,142 @@
+"""Ops that place values by index: OneHot, SpaceToDepth, TopK, ScatterElements.
+
+polyc's statements write at affine positions, so the ops that would write at positions
+read from data are written the other way round, each output element finding what lands
+on it:
+
+* OneHot: ``Y(.., d, ..) = I(..) == d (or d - depth) ? on : off``;
+* SpaceToDepth (DCR and CRD): each output channel reads its input pixel (an affine read);
+* TopK: the rank of each element among its row (``rank(a) = #{b : x(b) before x(a)}``,
+  "before" being larger, or smaller, ties broken by the lower index, as ONNX wants), then
+  ``Y(.., r, ..)`` sums the one element whose rank is ``r``: O(n^2) per row, for the
+  short rows TopK sees in classifiers and detectors;
+* ScatterElements: the last update aimed at each element along the axis (or the
+  reduction of all of them) replaces (or combines with) the data.
+"""
+from __future__ import annotations
+
+from polyc import dtypes as D
+
+from .onnx_graph import LowerContext, Lowered, Node, register
+from .onnx_ops_math import idx_names, lit, norm_axis, present, ref, stmt, temp_stmt, \
+    unsupported
+
+
+@register("OneHot")
+def one_hot(node: Node, ctx: LowerContext) -> Lowered:
+    ind, depth, values = node.inputs[:3]
+    y = node.outputs[0]
+    dc = ctx.const(depth)
+    if dc is None:
+        raise unsupported(node, "depth must be a constant (it is the output's extent)")
+    n = int(dc.reshape(-1)[0])
+    rank = ctx.rank(y)
+    axis = norm_axis(node, node.attr("axis", -1), rank)
+    idx = idx_names(rank)
+    d = idx[axis]
+    src = idx[:axis] + idx[axis + 1:]
+    i = f"int64({ref(ctx, ind, src)})"
+    dt = ctx.dtype(y)
+    on, off = ref(ctx, values, ["1"]), ref(ctx, values, ["0"])
+    return Lowered([stmt(ctx, y, idx, "=", f"({i} == {d} || {i} + {n} == {d}) ? "
+                                           f"{on} : {off}")])
+
+
+@register("SpaceToDepth")
+def space_to_depth(node: Node, ctx: LowerContext) -> Lowered:
+    x, y = node.inputs[0], node.outputs[0]
+    b = int(node.attr("blocksize", 0))
+    if b < 1 or ctx.rank(x) != 4:
+        raise unsupported(node, f"blocksize {b} on a rank-{ctx.rank(x)} input")
+    c = ctx.shape(x)[1]
+    idx = ["n", "q", "h", "w"]
+    mode = node.attr("mode", "DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode == "CRD":  # channel-major: q = c * b*b + (bh * b + bw)
+        src = ["n", f"q / {b * b}", f"{b}*h + (q % {b * b}) / {b}", f"{b}*w + q % {b}"]
+    elif mode == "DCR":  # q = (bh * b + bw) * C + c
+        src = ["n", f"q % {c}", f"{b}*h + (q / {c}) / {b}", f"{b}*w + (q / {c}) % {b}"]
+    else:
+        raise unsupported(node, f"mode {mode!r}")
+    return Lowered([stmt(ctx, y, idx, "=", ref(ctx, x, src))])
+
+
+@register("TopK")
+def top_k(node: Node, ctx: LowerContext) -> Lowered:
+    x = node.inputs[0]
+    values, indices = (list(node.outputs) + ["", ""])[:2]
+    xs = ctx.shape(x)
+    rank = len(xs)
+    axis = norm_axis(node, node.attr("axis", -1), rank)
+    kc = ctx.const(node.inputs[1]) if present(node, 1) else None
+    if kc is None:
+        raise unsupported(node, "K must be a constant (or a value given at compile time)")
+    k = int(kc.reshape(-1)[0])
+    largest = bool(node.attr("largest", 1))
+    dt = ctx.dtype(x)
+    row = idx_names(rank)
+
+    def at(i: str) -> str:
+        return ref(ctx, x, row[:axis] + [i] + row[axis + 1:])
+    before = ">" if largest else "<"
+    ranks = ctx.temp("rank")
+    shape = list(xs)
+    stmts = [temp_stmt(ctx, ranks, row[:axis] + ["a"] + row[axis + 1:], shape, "+=!",
+                       f"({at('b')} {before} {at('a')} || ({at('b')} == {at('a')} && b < a))"
+                       f" ? 1 : 0", lets=[f"b in 0:{xs[axis]}"])]
+    rk = f"{ranks}({', '.join(row[:axis] + ['a'] + row[axis + 1:])})"
+    out = row[:axis] + ["r"] + row[axis + 1:]
+    if values:
+        stmts.append(stmt(ctx, values, out, "+=!", f"{rk} == r ? {at('a')} : {lit(0, dt)}",
+                          extra=[f"a in 0:{xs[axis]}"]))
+    if indices:
+        stmts.append(stmt(ctx, indices, out, "+=!",
+                          f"{rk} == r ? {ctx.dtype(indices)}(a) : "
+                          f"{lit(0, ctx.dtype(indices))}", extra=[f"a in 0:{xs[axis]}"]))
+    del k
+    return Lowered(stmts)
+
+
+@register("ScatterElements")
+def scatter_elements(node: Node, ctx: LowerContext) -> Lowered:
+    data, ind, upd = node.inputs[:3]
+    y = node.outputs[0]
+    xs, qs = ctx.shape(data), ctx.shape(ind)
+    rank = len(xs)
+    axis = norm_axis(node, node.attr("axis", 0), rank)
+    red = node.attr("reduction", "none")
+    red = red.decode() if isinstance(red, bytes) else red
+    if red not in ("none", "add", "mul", "max", "min"):
+        raise unsupported(node, f"reduction {red!r}")
+    if ctx.dtype(ind) not in D.INTS:
+        raise unsupported(node, f"indices of dtype {ctx.dtype(ind)}")
+    idx = idx_names(rank)
+    src = idx[:axis] + ["p"] + idx[axis + 1:]
+    i = f"int64({ref(ctx, ind, src)})"
+    hit = f"({i} == {idx[axis]} || {i} + {xs[axis]} == {idx[axis]})"
+    inside = [f"{idx[d]} < {qs[d]}" for d in range(rank) if d != axis and qs[d] < xs[d]]
+    cond = " && ".join(inside + [hit])
+    dt = ctx.dtype(y)
+    old = ref(ctx, data, idx)
+    stmts = []
+    if red == "none":  # the last update aimed here (ONNX leaves duplicates undefined)
+        last = ctx.temp("last")
+        stmts.append(temp_stmt(ctx, last, idx, xs, "max=!", f"{cond} ? p : -1",
+                               lets=[f"p in 0:{qs[axis]}"]))
+        lr = f"{last}({', '.join(idx)})"
+        # the update is read where one aims at this element (a guarded, in-range read)
+        pick = ref(ctx, upd, idx[:axis] + [f"max(0, {lr})"] + idx[axis + 1:])
+        stmts.append(stmt(ctx, y, idx, "=", f"{lr} >= 0 ? {pick} : {old}"))
+        return Lowered(stmts)
+    ident = {"add": 0, "mul": 1, "max": float("-inf"), "min": float("inf")}[red]
+    if D.get(dt).is_int and red in ("max", "min"):
+        ident = D.get(dt).limits[0 if red == "max" else 1]
+    op = {"add": "+=!", "mul": "*=!", "max": "max=!", "min": "min=!"}[red]
+    acc = ctx.temp("acc")
+    stmts.append(temp_stmt(ctx, acc, idx, xs, op,
+                           f"{cond} ? {ref(ctx, upd, src)} : {lit(ident, dt)}",
+                           lets=[f"p in 0:{qs[axis]}"]))
+    a = f"{acc}({', '.join(idx)})"
+    combine = {"add": f"{old} + {a}", "mul": f"{old} * {a}", "max": f"max({old}, {a})",
+               "min": f"min({old}, {a})"}[red]
+    return Lowered(stmts + [stmt(ctx, y, idx, "=", combine)])
