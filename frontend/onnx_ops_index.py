@@ -140,3 +140,124 @@ def scatter_elements(node: Node, ctx: LowerContext) -> Lowered:
     combine = {"add": f"{old} + {a}", "mul": f"{old} * {a}", "max": f"max({old}, {a})",
                "min": f"min({old}, {a})"}[red]
     return Lowered(stmts + [stmt(ctx, y, idx, "=", combine)])
+
+
+@register("ScatterND")
+def scatter_nd(node: Node, ctx: LowerContext) -> Lowered:
+    """``Y = data`` with ``Y[I[j]] = U[j]`` (or combined by ``reduction``) for each index
+    tuple ``j``: each output element takes the last ``j`` whose tuple addresses it (its
+    linear number over ``I``'s leading axes), or reduces all of them."""
+    data, ind, upd = node.inputs[:3]
+    y = node.outputs[0]
+    xs, qs = ctx.shape(data), ctx.shape(ind)
+    m = qs[-1]
+    lead = list(qs[:-1])
+    red = node.attr("reduction", "none")
+    red = red.decode() if isinstance(red, bytes) else red
+    if red not in ("none", "add", "mul", "max", "min"):
+        raise unsupported(node, f"reduction {red!r}")
+    idx = idx_names(len(xs))
+    js = [f"j{k}" for k in range(len(lead))]
+    lets = [f"{j} in 0:{n}" for j, n in zip(js, lead)]
+    hit = " && ".join(
+        f"(int64({ref(ctx, ind, js + [str(k)])}) == {idx[k]} || "
+        f"int64({ref(ctx, ind, js + [str(k)])}) + {xs[k]} == {idx[k]})" for k in range(m))
+    old = ref(ctx, data, idx)
+    dt = ctx.dtype(y)
+    if red == "none":
+        strides = [1] * len(lead)
+        for k in range(len(lead) - 2, -1, -1):
+            strides[k] = strides[k + 1] * lead[k + 1]
+        lin = " + ".join(f"{s}*{j}" for s, j in zip(strides, js)) or "0"
+        last = ctx.temp("last")
+        lr = f"{last}({', '.join(idx)})"
+        stmts = [temp_stmt(ctx, last, idx, xs, "max=!", f"({hit}) ? {lin} : -1", lets=lets)]
+        # the addressed update, its leading position recovered from its number
+        pos = [f"(max(0, {lr}) / {s}) % {n}" for s, n in zip(strides, lead)]
+        pick = ref(ctx, upd, pos + idx[m:])
+        return Lowered(stmts + [stmt(ctx, y, idx, "=", f"{lr} >= 0 ? {pick} : {old}")])
+    ident = {"add": 0, "mul": 1, "max": float("-inf"), "min": float("inf")}[red]
+    if D.get(dt).is_int and red in ("max", "min"):
+        ident = D.get(dt).limits[0 if red == "max" else 1]
+    op = {"add": "+=!", "mul": "*=!", "max": "max=!", "min": "min=!"}[red]
+    acc = ctx.temp("acc")
+    a = f"{acc}({', '.join(idx)})"
+    combine = {"add": f"{old} + {a}", "mul": f"{old} * {a}", "max": f"max({old}, {a})",
+               "min": f"min({old}, {a})"}[red]
+    return Lowered([temp_stmt(ctx, acc, idx, xs, op,
+                              f"({hit}) ? {ref(ctx, upd, js + idx[m:])} : {lit(ident, dt)}",
+                              lets=lets),
+                    stmt(ctx, y, idx, "=", combine)])
+
+
+@register("RotaryEmbedding")
+def rotary_embedding(node: Node, ctx: LowerContext) -> Lowered:
+    """Rotary position embedding (opset 23): the first ``rotary_embedding_dim`` features
+    of each head turned by the cached angles of the token's position, pairs taken as
+    the two halves or (``interleaved``) as neighbours; the rest passes through."""
+    x, cos, sin = node.inputs[:3]
+    pos = node.inputs[3] if present(node, 3) else ""
+    y = node.outputs[0]
+    xs = ctx.shape(x)
+    if len(xs) == 4:
+        heads, dim = xs[1], xs[3]
+    elif len(xs) == 3:
+        heads = int(node.attr("num_heads", 0))
+        if heads <= 0 or xs[2] % heads:
+            raise unsupported(node, "a 3-D input needs num_heads dividing its hidden size")
+        dim = xs[2] // heads
+    else:
+        raise unsupported(node, f"input of rank {len(xs)}")
+    rot = int(node.attr("rotary_embedding_dim", 0)) or dim
+    half = rot // 2
+    inter = bool(node.attr("interleaved", 0))
+    idx = idx_names(len(xs))
+    b, s = idx[0], idx[2] if len(xs) == 4 else idx[1]
+    d = idx[3] if len(xs) == 4 else f"{idx[2]} % {dim}"
+
+    def xat(e: str) -> str:
+        if len(xs) == 4:
+            return ref(ctx, x, idx[:3] + [e])
+        return ref(ctx, x, [idx[0], idx[1], f"({idx[2]} / {dim})*{dim} + {e}"])
+
+    def cache(t: str, i: str) -> str:
+        if pos:
+            return ref(ctx, t, [f"int64({ref(ctx, pos, [b, s])})", i])
+        return ref(ctx, t, [b, s, i])
+    if inter:   # pairs (2i, 2i+1)
+        i = f"({d}) / 2"
+        even = f"{xat(f'({d}) - ({d}) % 2')}"
+        odd = f"{xat(f'({d}) - ({d}) % 2 + 1')}"
+        turned = (f"({d}) % 2 == 0 ? {even} * {cache(cos, i)} - {odd} * {cache(sin, i)} : "
+                  f"{odd} * {cache(cos, i)} + {even} * {cache(sin, i)}")
+    else:       # halves (i, i + rot/2)
+        lo, hi = f"({d}) % {half}", f"({d}) % {half} + {half}"
+        c, sn = cache(cos, lo), cache(sin, lo)
+        turned = (f"({d}) < {half} ? {xat(lo)} * {c} - {xat(hi)} * {sn} : "
+                  f"{xat(hi)} * {c} + {xat(lo)} * {sn}")
+    value = f"({d}) < {rot} ? ({turned}) : {ref(ctx, x, idx)}" if rot < dim else turned
+    del heads
+    return Lowered([stmt(ctx, y, idx, "=", value)])
+
+
+@register("CenterCropPad")
+def center_crop_pad(node: Node, ctx: LowerContext) -> Lowered:
+    """Each listed axis cropped to the target size around its centre, or padded with
+    zeros around it (the extra element of an odd difference going to the end)."""
+    x, y = node.inputs[0], node.outputs[0]
+    xs, ys = ctx.shape(x), ctx.shape(y)
+    idx = idx_names(len(xs))
+    src, conds = [], []
+    for k, (n, m) in enumerate(zip(xs, ys)):
+        if m < n:      # crop: start at (n - m) / 2
+            src.append(f"{idx[k]} + {(n - m) // 2}")
+        elif m > n:    # pad: the data starts at (m - n) / 2
+            off = (m - n) // 2
+            src.append(f"{idx[k]} - {off}")
+            conds += [f"{idx[k]} >= {off}", f"{idx[k]} < {off + n}"]
+        else:
+            src.append(idx[k])
+    value = ref(ctx, x, src)
+    if conds:
+        value = f"({' && '.join(conds)}) ? {value} : {lit(0, ctx.dtype(y))}"
+    return Lowered([stmt(ctx, y, idx, "=", value)])
