@@ -688,6 +688,54 @@ def _scale_input(node: Node, ctx: LowerContext, i: int, what: str
     return None, ctx.name(t)
 
 
+def _resize_cubic(node: Node, ctx: LowerContext, resized: list[int], coordinate, clamp,
+                  lets: list[str], idx: list[str], dt: str) -> Lowered:
+    """Cubic resize: on each resized axis the four neighbours ``floor(x) - 1 .. + 2``
+    (clamped to the input's edge) weighted by Keys' cubic kernel of ``t = x - floor(x)``."""
+    x, y = node.inputs[0], node.outputs[0]
+    xs, ys = ctx.shape(x), ctx.shape(y)
+    if len(resized) > 2:
+        raise unsupported(node, f"cubic resize of {len(resized)} axes (at most 2)")
+    a = float(node.attr("cubic_coeff_a", -0.75))
+    exclude = bool(node.attr("exclude_outside", 0))
+    taps: dict[int, list[tuple[str, str]]] = {}
+
+    def far(v: str) -> str:
+        return f"(({a!r} * {v} - {5 * a!r}) * {v} + {8 * a!r}) * {v} - {4 * a!r}"
+
+    def near(v: str) -> str:
+        return f"(({a + 2!r}) * {v} - ({a + 3!r})) * {v} * {v} + 1.0"
+    for d in resized:
+        xv, fv = coordinate(d)
+        t = f"t{d}"
+        lets.append(f"{t} = {xv} - {fv}")
+        u = [f"({t} + 1.0)", t, f"(1.0 - {t})", f"(2.0 - {t})"]
+        ws = [far(u[0]), near(u[1]), near(u[2]), far(u[3])]
+        pos = [f"int64({fv}) + {k - 1}" for k in range(4)]
+        if exclude:  # weights of neighbours outside the input are 0, the rest rescaled
+            ins = [f"({p} >= 0 && {p} < {xs[d]} ? 1.0 : 0.0)" for p in pos]
+            for k in range(4):
+                lets.append(f"c{d}_{k} = ({ws[k]}) * {ins[k]}")
+            lets.append(f"n{d} = c{d}_0 + c{d}_1 + c{d}_2 + c{d}_3")
+            weights = [f"c{d}_{k} / n{d}" for k in range(4)]
+        else:
+            for k in range(4):
+                lets.append(f"c{d}_{k} = {ws[k]}")
+            weights = [f"c{d}_{k}" for k in range(4)]
+        taps[d] = [(clamp(p, xs[d]), w) for p, w in zip(pos, weights)]
+    terms = []
+    for corner in range(4 ** len(resized)):
+        src, ws_ = list(idx), []
+        for k, d in enumerate(resized):
+            p, w = taps[d][(corner >> (2 * k)) & 3]
+            src[d] = p
+            ws_.append(f"({w})")
+        terms.append(" * ".join(ws_ + [f"double({read(ctx.name(x), src)})"]))
+    clauses = ", ".join(lets + [f"{i} in 0:{n}" for i, n in zip(idx, ys)])
+    return Lowered([f"{lhs(ctx.name(y), idx)} = {TC_TYPE[dt]}({' + '.join(terms)}) "
+                    f"where {clauses}"])
+
+
 def _resize_params(node: Node, ctx: LowerContext
                    ) -> tuple[list[float | None], list[str], str, str, str]:
     """(scale per axis -- None when read at run time --, the TC double expression of each
@@ -695,8 +743,9 @@ def _resize_params(node: Node, ctx: LowerContext
     xs, ys = ctx.shape(node.inputs[0]), ctx.shape(node.outputs[0])
     r = len(xs)
     mode = _str_attr(node, "mode", "nearest")
-    if mode not in ("nearest", "linear", "bilinear"):
-        raise unsupported(node, f"mode={mode!r} (supported: nearest, linear)")
+    if mode not in ("nearest", "linear", "bilinear", "cubic", "bicubic"):
+        raise unsupported(node, f"mode={mode!r} (supported: nearest, linear, cubic)")
+    mode = "cubic" if mode == "bicubic" else mode
     mode = "linear" if mode == "bilinear" else mode
     axes = list(range(r))
     scales_in = sizes_in = runtime = None
@@ -794,13 +843,15 @@ _ROUND = {"floor": "{f}", "ceil": "ceil({x})",
 
 @register("Resize", "Upsample")
 def resize(node: Node, ctx: LowerContext) -> Lowered:
-    """Resize and Upsample, modes nearest and linear.
+    """Resize and Upsample, modes nearest, linear and cubic.
 
     Nearest with a constant scale (or sizes): the source index of each axis is a
     quasi-affine function of the output index, found exactly for the scale (or a sum
     of steps). Otherwise (a scale read at run time; linear mode) the source coordinate
     is computed in double from the output index (``double(i)``) and the indices read
-    are clamped into the input; linear weights its two neighbours on each axis.
+    are clamped into the input; linear weights its two neighbours on each axis, cubic
+    its four (Keys' kernel with ``cubic_coeff_a``; ``exclude_outside`` drops the weights
+    of neighbours outside the input and renormalises the others).
     """
     x, y = node.inputs[0], node.outputs[0]
     check_nonempty(node, ctx, x, y)
@@ -837,6 +888,8 @@ def resize(node: Node, ctx: LowerContext) -> Lowered:
             src[d] = e
         clauses = ", ".join(lets + [f"{i} in 0:{n}" for i, n in zip(idx, ys)])
         return Lowered([f"{lhs(ctx.name(y), idx)} = {read(ctx.name(x), src)} where {clauses}"])
+    if mode == "cubic":
+        return _resize_cubic(node, ctx, resized, coordinate, clamp, lets, idx, dt)
     if len(resized) > 4:
         raise unsupported(node, f"linear resize of {len(resized)} axes (at most 4)")
     lo, hi, w = {}, {}, {}
