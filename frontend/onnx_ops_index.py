@@ -261,3 +261,111 @@ def center_crop_pad(node: Node, ctx: LowerContext) -> Lowered:
     if conds:
         value = f"({' && '.join(conds)}) ? {value} : {lit(0, ctx.dtype(y))}"
     return Lowered([stmt(ctx, y, idx, "=", value)])
+
+
+@register("GridSample")
+def grid_sample(node: Node, ctx: LowerContext) -> Lowered:
+    """``Y(n, c, o..) = X(n, c)`` sampled at ``grid(n, o..)`` (normalized to [-1, 1],
+    its last axis the spatial axes in reverse order), as ONNX (and PyTorch) define it:
+    the coordinate denormalized (``align_corners``), rounded to even for ``nearest``,
+    brought into the input by ``padding_mode`` (border: clamped; reflection: reflected
+    at the borders), then the 1, 2 or 4 taps per axis of nearest, linear or cubic
+    (a = -0.75) interpolation, a tap outside the input reading 0 (zeros), the edge
+    (border) or its reflection. Sample positions are data: the reads are indirect,
+    their indices kept inside the input."""
+    x, grid = node.inputs[:2]
+    y = node.outputs[0]
+    xs, gs = ctx.shape(x), ctx.shape(grid)
+    k = len(xs) - 2
+    mode = node.attr("mode", "linear")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    pad = node.attr("padding_mode", "zeros")
+    pad = pad.decode() if isinstance(pad, bytes) else pad
+    if mode not in ("nearest", "linear", "cubic") or pad not in ("zeros", "border",
+                                                                  "reflection"):
+        raise unsupported(node, f"mode {mode!r} with padding_mode {pad!r}")
+    if mode == "cubic" and k != 2:
+        raise unsupported(node, "cubic sampling of a volume")
+    align = bool(node.attr("align_corners", 0))
+    dt = ctx.dtype(y)
+    o = [f"o{d}" for d in range(k)]
+    lets = []
+    for d in range(k):  # spatial axis d (H, W...) takes grid component k-1-d
+        n = xs[2 + d]
+        g = f"double({ref(ctx, grid, ['n'] + o + [str(k - 1 - d)])})"
+        v = f"(({g} + 1.0) / 2.0 * {float(n - 1)!r})" if align else \
+            f"((({g} + 1.0) * {float(n)!r} - 1.0) / 2.0)"
+        if mode == "nearest":
+            v = f"round({v})"
+        lo, hi = (0.0, n - 1.0) if align else (-0.5, n - 0.5)
+        lets.append(f"u{d} = {v}")
+        if pad == "border":
+            lets.append(f"p{d} = max(0.0, min({n - 1.0!r}, u{d}))")
+        elif pad == "reflection":
+            lets.append(f"p{d} = {_reflect(f'u{d}', lo, hi, d, lets)}")
+        else:
+            lets.append(f"p{d} = u{d}")
+        lets.append(f"f{d} = floor(p{d})")
+        lets.append(f"t{d} = p{d} - f{d}")
+
+    def tap(d: int, off: int) -> tuple[str, str]:
+        """(index, condition) of the tap ``off`` from the floor on axis ``d``."""
+        n = xs[2 + d]
+        i = f"int64(f{d}) + {off}" if mode != "nearest" else f"int64(p{d})"
+        if pad == "zeros":
+            return f"min(max({i}, 0), {n - 1})", f"({i} >= 0 && {i} < {n})"
+        if pad == "border":
+            return f"min(max({i}, 0), {n - 1})", ""
+        lo, hi = (0.0, n - 1.0) if align else (-0.5, n - 0.5)
+        name = f"r{d}_{off + 1}"
+        lets.append(f"{name} = int64({_reflect(f'double({i})', lo, hi, f'{d}_{off + 1}', lets)})")
+        return f"min(max({name}, 0), {n - 1})", ""
+
+    def weights(d: int) -> list[tuple[int, str]]:
+        t = f"t{d}"
+        if mode == "nearest":
+            return [(0, "1.0")]
+        if mode == "linear":
+            return [(0, f"(1.0 - {t})"), (1, t)]
+        a = -0.75
+        far = lambda v: f"((({a!r} * {v} - {5 * a!r}) * {v} + {8 * a!r}) * {v} - {4 * a!r})"  # noqa: E731
+        near = lambda v: f"((({a + 2!r}) * {v} - ({a + 3!r})) * {v} * {v} + 1.0)"  # noqa: E731
+        return [(-1, far(f"({t} + 1.0)")), (0, near(t)), (1, near(f"(1.0 - {t})")),
+                (2, far(f"(2.0 - {t})"))]
+    per_axis = [[(tap(d, off), w) for off, w in weights(d)] for d in range(k)]
+    terms = []
+
+    def combos(d: int, picked: list):
+        if d == k:
+            idx = ["n", "c"] + [p[0][0] for p in picked]
+            conds = [p[0][1] for p in picked if p[0][1]]
+            value = f"double({ref(ctx, x, idx)})"
+            if conds:
+                value = f"({' && '.join(conds)} ? {value} : 0.0)"
+            terms.append(" * ".join([p[1] for p in picked if p[1] != "1.0"] + [value]))
+            return
+        for choice in per_axis[d]:
+            combos(d + 1, picked + [choice])
+    combos(0, [])
+    clauses = lets + [f"n in 0:{xs[0]}", f"c in 0:{xs[1]}"] + \
+        [f"{o[d]} in 0:{gs[1 + d]}" for d in range(k)]
+    from .onnx_ops_math import cast_to
+    return Lowered([f"{ref(ctx, y, ['n', 'c'] + o)} = {cast_to(dt, ' + '.join(terms))} "
+                    f"where {', '.join(clauses)}"])
+
+
+def _reflect(v: str, lo: float, hi: float, tag, lets: list[str]) -> str:
+    """``v`` reflected at ``lo`` and ``hi`` until it lies between them (as ONNX's
+    GridSample: by the number of whole spans past the near border, even or odd)."""
+    span = hi - lo
+    below, above = f"q{tag}", f"w{tag}"
+    lets.append(f"{below} = {lo!r} - {v}")           # distance below lo
+    lets.append(f"{above} = {v} - {hi!r}")           # distance above hi
+    nb = f"floor({below} / {span!r})"
+    na = f"floor({above} / {span!r})"
+    rb = f"({below} - {nb} * {span!r})"
+    ra = f"({above} - {na} * {span!r})"
+    from_below = f"(int64({nb}) % 2 == 0 ? {lo!r} + {rb} : {hi!r} - {rb})"
+    from_above = f"(int64({na}) % 2 == 0 ? {hi!r} - {ra} : {lo!r} + {ra})"
+    return f"({v} < {lo!r} ? {from_below} : ({v} > {hi!r} ? {from_above} : {v}))"
