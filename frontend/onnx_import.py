@@ -473,7 +473,7 @@ PARAMETER_SLOTS: dict[str, tuple[int, ...]] = {
                            "Reshape", "Expand", "Tile", "Squeeze", "Unsqueeze", "OneHot",
                            "Upsample", "Trilu")},
     "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "ConstantOfShape": (0,),
-    "CenterCropPad": (1,),
+    "CenterCropPad": (1,), "AffineGrid": (1,), "DFT": (1, 2), "Col2Im": (1, 2),
     "Range": (0, 1, 2)}
 
 

@@ -369,3 +369,128 @@ def _reflect(v: str, lo: float, hi: float, tag, lets: list[str]) -> str:
     from_below = f"(int64({nb}) % 2 == 0 ? {lo!r} + {rb} : {hi!r} - {rb})"
     from_above = f"(int64({na}) % 2 == 0 ? {hi!r} - {ra} : {lo!r} + {ra})"
     return f"({v} < {lo!r} ? {from_below} : ({v} > {hi!r} ? {from_above} : {v}))"
+
+
+@register("AffineGrid")
+def affine_grid(node: Node, ctx: LowerContext) -> Lowered:
+    """The sampling grid of an affine transform: ``grid(n, o.., c) = sum_k theta(n, c, k)
+    * base_k(o) + theta(n, c, K)``, the base coordinates normalized to [-1, 1] (pixel
+    centres, or with ``align_corners`` the corner pixels) in the order x, y(, z)."""
+    theta, y = node.inputs[0], node.outputs[0]
+    ys = ctx.shape(y)
+    k = len(ys) - 2        # spatial axes
+    align = bool(node.attr("align_corners", 0))
+    o = [f"o{d}" for d in range(k)]
+
+    def base(d: int) -> str:  # coordinate along spatial axis d (o[d]), normalized
+        n = ys[1 + d]
+        if n == 1:
+            return "0.0"
+        if align:
+            return f"(2.0 * double({o[d]}) / {float(n - 1)!r} - 1.0)"
+        return f"((2.0 * double({o[d]}) + 1.0) / {float(n)!r} - 1.0)"
+    # theta's columns: x (the last spatial axis), y, (z), then the translation
+    terms = [f"double({ref(ctx, theta, ['n', 'c', str(j)])}) * {base(k - 1 - j)}"
+             for j in range(k)]
+    terms.append(f"double({ref(ctx, theta, ['n', 'c', str(k)])})")
+    from .onnx_ops_math import cast_to
+    return Lowered([stmt(ctx, y, ["n"] + o + ["c"], "=",
+                         cast_to(ctx.dtype(y), " + ".join(terms)))])
+
+
+@register("DFT")
+def dft(node: Node, ctx: LowerContext) -> Lowered:
+    """The discrete Fourier transform along one axis, as a contraction with the twiddle
+    factors ``exp(-+2 pi i k m / N)`` computed in double from ``(k m) mod N``: real or
+    complex input (last axis 1 or 2), ``onesided`` output (forward) or input (inverse:
+    the missing half from Hermitian symmetry), ``inverse`` divided by ``N``."""
+    x, y = node.inputs[0], node.outputs[0]
+    xs, ys = ctx.shape(x), ctx.shape(y)
+    rank = len(xs)
+    if ctx.graph.opset >= 20:
+        ac = ctx.const(node.inputs[2]) if present(node, 2) else None
+        if present(node, 2) and ac is None:
+            raise unsupported(node, "axis must be a constant or a value given at compile time")
+        axis = int(ac.reshape(-1)[0]) if ac is not None else -2
+    else:
+        axis = int(node.attr("axis", 1))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank - 1:
+        raise unsupported(node, f"axis {axis} (the last axis holds real and imaginary parts)")
+    inverse = bool(node.attr("inverse", 0))
+    onesided = bool(node.attr("onesided", 0))
+    m_in = xs[axis]
+    if present(node, 1):
+        lc = ctx.const(node.inputs[1])
+        if lc is None:
+            raise unsupported(node, "dft_length must be a constant or given at compile time")
+        n = int(lc.reshape(-1)[0])
+    else:
+        n = 2 * (m_in - 1) if (inverse and onesided) else m_in
+    complex_in = xs[-1] == 2
+    idx = idx_names(rank)
+    k, m = idx[axis], "m"
+    src = idx[:axis] + [m] + idx[axis + 1:-1]
+
+    def part(p: int, j: str) -> str:  # real (0) or imaginary (1) input at position j
+        if p == 1 and not complex_in:
+            return "0.0"
+        return f"double({ref(ctx, x, idx[:axis] + [j] + idx[axis + 1:-1] + [str(p)])})"
+    count = m_in
+    if inverse and onesided:  # bins past the stored half: conj(X[N - j])
+        re = f"({m} < {m_in} ? {part(0, m)} : {part(0, f'{n} - {m}')})"
+        im = f"({m} < {m_in} ? {part(1, m)} : -{part(1, f'{n} - {m}')})"
+        count = n
+    else:
+        re, im = part(0, m), part(1, m)
+        count = min(m_in, n)
+    sign = 1.0 if inverse else -1.0
+    theta = f"({2 * 3.141592653589793 / n!r} * double(({k} * {m}) % {n}))"
+    cos_, sin_ = f"cos({theta})", f"{sign!r} * sin({theta})"
+    # (re + i im)(cos + i s) = re cos - im s + i (re s + im cos)
+    value = (f"c == 0 ? {re} * {cos_} - {im} * {sin_} : {re} * {sin_} + {im} * {cos_}")
+    acc = ctx.temp("dft")
+    stmts = [temp_stmt(ctx, acc, idx[:-1] + ["c"], list(ys[:-1]) + [2], "+=!", value,
+                       lets=[f"{m} in 0:{count}"])]
+    out = f"{acc}({', '.join(idx[:-1] + [idx[-1]])})"
+    if inverse:
+        out = f"{out} / {float(n)!r}"
+    from .onnx_ops_math import cast_to
+    del src
+    return Lowered(stmts + [stmt(ctx, y, idx, "=", cast_to(ctx.dtype(y), out))])
+
+
+@register("Col2Im")
+def col2im(node: Node, ctx: LowerContext) -> Lowered:
+    """Column blocks summed back into an image (the inverse of im2col): each output pixel
+    adds, over the kernel offsets ``b``, the column entry of the block position ``l``
+    with ``l * stride + b * dilation - pad == pixel`` (when one exists)."""
+    x, y = node.inputs[0], node.outputs[0]
+    xs, ys = ctx.shape(x), ctx.shape(y)
+    bc = ctx.const(node.inputs[2])
+    if bc is None:
+        raise unsupported(node, "block_shape must be a constant or given at compile time")
+    block = [int(v) for v in bc.reshape(-1)]
+    k = len(block)
+    image = list(ys[2:])
+    strides = list(node.attr("strides", [1] * k))
+    dil = list(node.attr("dilations", [1] * k))
+    pads = list(node.attr("pads", [0] * (2 * k)))
+    counts = [(image[d] + pads[d] + pads[d + k] - dil[d] * (block[d] - 1) - 1) // strides[d] + 1
+              for d in range(k)]
+    p = [f"p{d}" for d in range(k)]
+    b = [f"b{d}" for d in range(k)]
+    conds, ls = [], []
+    for d in range(k):
+        e = f"({p[d]} + {pads[d]} - {dil[d]}*{b[d]})"
+        conds += [f"{e} >= 0", f"{e} % {strides[d]} == 0", f"{e} / {strides[d]} < {counts[d]}"]
+        ls.append(f"{e} / {strides[d]}")
+    row = "c"
+    for d in range(k):
+        row = f"({row})*{block[d]} + {b[d]}"
+    col = "0"
+    for d in range(k):
+        col = f"({col})*{counts[d]} + {ls[d]}"
+    value = f"({' && '.join(conds)}) ? {ref(ctx, x, ['n', row, col])} : {lit(0, ctx.dtype(y))}"
+    return Lowered([stmt(ctx, y, ["n", "c"] + p, "+=!", value,
+                         extra=[f"{b[d]} in 0:{block[d]}" for d in range(k)])])

@@ -62,6 +62,13 @@ def test_node_case(case):
             elif w.dtype.name.startswith(("float8", "float4")):  # codes, NaN of any sign
                 np.testing.assert_array_equal(g.astype(np.float32), w.astype(np.float32))
             elif w.dtype.kind in "fc":
-                np.testing.assert_allclose(g, w, rtol=case.rtol, atol=case.atol)
+                atol = case.atol
+                if case.name.startswith("test_dft"):
+                    # the inverse cases' exact zeros come out of onnx's float32 FFT as
+                    # noise of 2e-7 beside values of 45 (polyc sums in double: 3e-15):
+                    # an absolute tolerance below float32's resolution at that magnitude
+                    # would compare rounding noise, so it is one float32 ulp of the data
+                    atol = max(atol, float(np.finfo(np.float32).eps * np.abs(w).max()))
+                np.testing.assert_allclose(g, w, rtol=case.rtol, atol=atol)
             else:
                 np.testing.assert_array_equal(g, w)
