@@ -377,6 +377,8 @@ class BodyPrinter:
         if isinstance(e, E.Select):
             return select(self.expr(e.cond, self._own(e.cond)), self.expr(e.a, t),
                           self.expr(e.b, t))
+        if isinstance(e, E.Call) and e.fn in E.BITCASTS:
+            return self._bitcast(e, t)
         if isinstance(e, E.Call):
             if _wraps(t):
                 return cast(t, self._call(e, D.get(t).compute))
@@ -384,6 +386,20 @@ class BodyPrinter:
                 return cast(t, self._call(e, t))
             return self._call(e, t)
         raise InternalError(f"cannot print expression {e!r}")
+
+    def _bitcast(self, e: E.Call, t: str) -> Piece:
+        """The bits of the operand (in its stored form) read as ``t`` (same width)."""
+        (x,) = e.args
+        s = self._own(x)
+        if D.get(s).itemsize != D.get(t).itemsize or D.get(s).bits != D.get(t).bits:
+            raise InternalError(f"bit cast of {s} to {t}: widths differ")
+        v = self.expr(x, s)
+        if converted(s):
+            v = store(s, v)
+        src, dst = CTYPES[s], CTYPES[t]
+        raw = Piece(f"({{ {src} polyc_v = {v.text}; {dst} polyc_r; "
+                    f"memcpy(&polyc_r, &polyc_v, sizeof polyc_r); polyc_r; }})")
+        return load(t, raw) if converted(t) else raw
 
     def _rounds(self, e: E.Expr, t: str) -> bool:
         return D.get(t).storage_only and e is not self._exact

@@ -494,3 +494,14 @@ def col2im(node: Node, ctx: LowerContext) -> Lowered:
     value = f"({' && '.join(conds)}) ? {ref(ctx, x, ['n', row, col])} : {lit(0, ctx.dtype(y))}"
     return Lowered([stmt(ctx, y, ["n", "c"] + p, "+=!", value,
                          extra=[f"{b[d]} in 0:{block[d]}" for d in range(k)])])
+
+
+@register("BitCast")
+def bit_cast(node: Node, ctx: LowerContext) -> Lowered:
+    """The input's bits read as another type of the same width (opset 26)."""
+    x, y = node.inputs[0], node.outputs[0]
+    src, dst = ctx.dtype(x), ctx.dtype(y)
+    if D.get(src).bits != D.get(dst).bits:
+        raise unsupported(node, f"{src} and {dst} differ in width")
+    idx = idx_names(ctx.rank(x))
+    return Lowered([stmt(ctx, y, idx, "=", f"bits_{dst}({ref(ctx, x, idx)})")])

@@ -37,6 +37,9 @@ BUILTINS: dict[str, int | None] = {
 TYPE_KEEPING = ("max", "min", "abs", "relu", "bitand", "bitor", "bitxor", "bitnot", "shl",
                 "shr")
 BIT_OPS = TYPE_KEEPING[4:]
+#: ``bits_<dtype>(x)``: ``x``'s bits read as ``dtype`` (same width; ONNX's BitCast)
+BITCASTS = {f"bits_{name}": name for name in DTYPES}
+BUILTINS.update({fn: 1 for fn in BITCASTS})
 
 BINARY_OPS = ("+", "-", "*", "/", "%", "//", "==", "!=", "<", ">", "<=", ">=", "&&", "||")
 COMPARISONS = ("==", "!=", "<", ">", "<=", ">=", "&&", "||")
@@ -310,6 +313,8 @@ def _infer(e: Expr, dt: dict[str, str]) -> tuple[str, bool]:
     if isinstance(e, Select):
         return _join(_infer(e.a, dt), _infer(e.b, dt))
     if isinstance(e, Call):
+        if e.fn in BITCASTS:
+            return BITCASTS[e.fn], False
         ts = [_infer(a, dt) for a in e.args]
         t = ts[0]
         for u in ts[1:]:
