@@ -182,7 +182,7 @@ def test_scheduler_refuses_a_kernel_without_statements():
     ("def f(float(N) A) -> (dobule(N) B) { B(i) = A(i) }",
      r"^1:23: unknown type 'dobule' \(did you mean 'double'\?\)"),
     ("def f(qqq(N) A) -> (B) { B(i) = A(i) }",
-     r"^1:7: unknown type 'qqq'; the types are bool, uint8, .*double"),
+     r"^1:7: unknown type 'qqq'; the types are bool, int2, .*float64, .*half, byte"),
 ])
 def test_misspelt_type(source, regex):
     refused(source, ParseError, regex)

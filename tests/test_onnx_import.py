@@ -107,14 +107,14 @@ def test_bad_shapes_argument():
 def test_unsupported_dtypes_name_tensor_and_node():
     node = helper.make_node("Relu", ["x"], ["y"])
     model = make_model([node], [], [])
-    model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, [2]))
-    model.graph.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, [2]))
-    with pytest.raises(UnsupportedOpError, match=r"'x'.*graph input.*float8e4m3fn"):
+    model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT8E8M0, [2]))
+    model.graph.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT8E8M0, [2]))
+    with pytest.raises(UnsupportedOpError, match=r"'x'.*graph input.*float8e8m0"):
         load_graph(model)
-    nodes = [helper.make_node("Cast", ["x"], ["q"], to=TensorProto.INT4, name="to_int4"),
+    nodes = [helper.make_node("Cast", ["x"], ["q"], to=TensorProto.FLOAT8E8M0, name="to_e8m0"),
              helper.make_node("Cast", ["q"], ["y"], to=TensorProto.FLOAT)]
     model = make_model(nodes, [("x", F, (2,))], [("y", F, (2,))])
-    with pytest.raises(UnsupportedOpError, match=r"'q'.*to_int4.*int4"):
+    with pytest.raises(UnsupportedOpError, match=r"'q'.*to_e8m0.*float8e8m0"):
         load_graph(model)
 
 
