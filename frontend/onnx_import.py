@@ -32,6 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 from polyc import dtypes as D
 from polyc.errors import CompileError
 
+from .onnx_control import flatten_control_flow
 from .onnx_graph import Graph, Node, TensorInfo, UnsupportedOpError
 from .onnx_validate import OnnxValidationError, check_declared_dims, check_opsets, \
     check_outputs, expected_outputs
@@ -528,6 +529,14 @@ def load_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
     _apply_shapes(proto, shapes, where)
     strict_errors: list[str] = []
     proto = _infer(proto, where, strict_errors)
+    for _ in range(8):  # Scan and If flattened into the graph (nested ones in turn)
+        shapes = {name: dims for name, vi in _value_infos(proto).items()
+                  if (dims := _dims(vi.type)) is not None and all(isinstance(d, int)
+                                                                  for d in dims)}
+        shapes.update({t.name: list(t.dims) for t in proto.graph.initializer})
+        if not flatten_control_flow(proto, shapes):
+            break
+        proto = _infer(proto, where)
     for _ in range(50):
         infos = _value_infos(proto)
         used = _used_tensors(proto)

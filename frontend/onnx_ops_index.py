@@ -505,3 +505,12 @@ def bit_cast(node: Node, ctx: LowerContext) -> Lowered:
         raise unsupported(node, f"{src} and {dst} differ in width")
     idx = idx_names(ctx.rank(x))
     return Lowered([stmt(ctx, y, idx, "=", f"bits_{dst}({ref(ctx, x, idx)})")])
+
+
+@register("Scan", "If")
+def control_flow(node: Node, ctx: LowerContext) -> Lowered:
+    """Scan and If are flattened into the graph at import (``onnx_control``); one that
+    reaches the lowering could not be (a sequence or optional value, a scan length that
+    is not static, opset 8's batched Scan)."""
+    raise unsupported(node, "its body could not be flattened into the graph (sequences or "
+                            "optionals, a non-static scan length, or opset 8's batched Scan)")

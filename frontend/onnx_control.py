@@ -1,0 +1,185 @@
+"""Control flow with static structure, flattened into the graph before import.
+
+* ``Scan`` (opset 9 on): the body is copied once per step of the (static) scan length,
+  each copy reading its step's slices (``Gather`` at a constant index along the scan
+  axis, from the end for a reversed input) and the previous copy's states; the scan
+  outputs are the steps' elements stacked along their axis (``Unsqueeze`` + ``Concat``,
+  in reverse for a reversed output). The copies then compile as ordinary operators,
+  fused and scheduled across steps.
+* ``If``: both branches are inlined and their outputs chosen with ``Where(cond, ...)``
+  (ONNX operators have no side effects, so computing the branch not taken is only work);
+  with a constant condition only the branch taken is.
+
+Branches or bodies that produce sequences or optionals are left alone (polyc then names
+the op as unsupported).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+def flatten_control_flow(proto: onnx.ModelProto, shapes: dict[str, list[int]]) -> bool:
+    """Replace the Scan and If nodes of ``proto``'s graph in place (``shapes``: the
+    static dims of the graph's tensors); True if anything changed."""
+    g = proto.graph
+    opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
+                default=1)
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    out: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    changed = False
+    for n in g.node:
+        made = None
+        if n.op_type == "Scan" and opset >= 9 and n.domain in ("", "ai.onnx"):
+            made = _unroll_scan(n, shapes, opset, inits)
+        elif n.op_type == "If" and n.domain in ("", "ai.onnx"):
+            made = _inline_if(n, consts, inits)
+        if made is None:
+            out.append(n)
+        else:
+            out.extend(made)
+            changed = True
+    if changed:
+        del g.node[:]
+        g.node.extend(out)
+        g.initializer.extend(inits)
+    return changed
+
+
+def _tensor_only(graph: onnx.GraphProto) -> bool:
+    return all(v.type.HasField("tensor_type") for v in list(graph.input) + list(graph.output))
+
+
+def _copy_body(body: onnx.GraphProto, prefix: str, names: dict[str, str],
+               inits: list[onnx.TensorProto], seen_inits: set[str]) -> list[onnx.NodeProto]:
+    """The body's nodes renamed under ``prefix`` (``names`` maps body names to outer
+    ones and grows with each copied output); its initializers become the graph's."""
+    for t in body.initializer:
+        name = f"{prefix}{t.name}"
+        names[t.name] = name
+        if name not in seen_inits:
+            seen_inits.add(name)
+            c = onnx.TensorProto()
+            c.CopyFrom(t)
+            c.name = name
+            inits.append(c)
+    nodes = []
+    for k, n in enumerate(body.node):
+        c = onnx.NodeProto()
+        c.CopyFrom(n)
+        c.name = f"{prefix}{n.name or n.op_type + '_' + str(k)}"
+        del c.input[:]
+        c.input.extend(names.get(x, x) if x else x for x in n.input)
+        del c.output[:]
+        for o in n.output:
+            if o:
+                names[o] = f"{prefix}{o}"
+            c.output.append(names.get(o, o) if o else o)
+        nodes.append(c)
+    return nodes
+
+
+def _const(name: str, value, inits: list[onnx.TensorProto]) -> str:
+    inits.append(numpy_helper.from_array(np.asarray(value), name))
+    return name
+
+
+def _unroll_scan(n: onnx.NodeProto, shapes: dict[str, list[int]], opset: int,
+                 inits: list[onnx.TensorProto]) -> list[onnx.NodeProto] | None:
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    body = attrs["body"]
+    m = int(attrs["num_scan_inputs"])
+    if not _tensor_only(body):
+        return None
+    n_state = len(n.input) - m
+    scan_in = list(n.input[n_state:])
+    in_axes = list(attrs.get("scan_input_axes", [0] * m))
+    in_dirs = list(attrs.get("scan_input_directions", [0] * m))
+    k_out = len(body.output) - n_state
+    out_axes = list(attrs.get("scan_output_axes", [0] * k_out))
+    out_dirs = list(attrs.get("scan_output_directions", [0] * k_out))
+    if not scan_in or any(x not in shapes for x in scan_in):
+        return None
+    ranks = [len(shapes[x]) for x in scan_in]
+    in_axes = [a + r if a < 0 else a for a, r in zip(in_axes, ranks)]
+    steps = shapes[scan_in[0]][in_axes[0]]
+    if any(shapes[x][a] != steps for x, a in zip(scan_in, in_axes)):
+        return None
+    base = n.name or f"scan_{n.output[0]}"
+    nodes: list[onnx.NodeProto] = []
+    state = list(n.input[:n_state])
+    collected: list[list[str]] = [[] for _ in range(k_out)]
+    seen: set[str] = set()
+    for t in range(steps):
+        prefix = f"{base}/step{t}/"
+        names: dict[str, str] = {}
+        for i, v in enumerate(body.input[:n_state]):
+            names[v.name] = state[i]
+        for j, v in enumerate(body.input[n_state:]):
+            at = steps - 1 - t if in_dirs[j] else t
+            idx = _const(f"{prefix}index{j}", np.array(at, np.int64), inits)
+            elem = f"{prefix}{v.name}__slice"
+            nodes.append(helper.make_node("Gather", [scan_in[j], idx], [elem],
+                                          name=f"{prefix}slice{j}", axis=in_axes[j]))
+            names[v.name] = elem
+        nodes += _copy_body(body, prefix, names, inits, seen)
+        state = [names[o.name] for o in body.output[:n_state]]
+        for k, o in enumerate(body.output[n_state:]):
+            collected[k].append(names[o.name])
+    for i in range(n_state):
+        if n.output[i]:
+            nodes.append(helper.make_node("Identity", [state[i]], [n.output[i]],
+                                          name=f"{base}/state{i}"))
+    for k in range(k_out):
+        out = n.output[n_state + k]
+        if not out:
+            continue
+        elems = collected[k][::-1] if out_dirs[k] else collected[k]
+        rank = len(shapes.get(elems[0], [])) if elems[0] in shapes else None
+        axis = out_axes[k]
+        if axis < 0:
+            if rank is None:
+                return None
+            axis += rank + 1
+        parts = []
+        for t, e in enumerate(elems):
+            u = f"{base}/out{k}/{t}"
+            if opset >= 13:
+                ax = _const(f"{u}/axes", np.array([axis], np.int64), inits)
+                nodes.append(helper.make_node("Unsqueeze", [e, ax], [u], name=u))
+            else:
+                nodes.append(helper.make_node("Unsqueeze", [e], [u], name=u, axes=[axis]))
+            parts.append(u)
+        nodes.append(helper.make_node("Concat", parts, [out], name=f"{base}/out{k}",
+                                      axis=axis))
+    return nodes
+
+
+def _inline_if(n: onnx.NodeProto, consts: dict[str, np.ndarray],
+               inits: list[onnx.TensorProto]) -> list[onnx.NodeProto] | None:
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    then_g, else_g = attrs["then_branch"], attrs["else_branch"]
+    if not (_tensor_only(then_g) and _tensor_only(else_g)):
+        return None
+    base = n.name or f"if_{n.output[0]}"
+    cond = n.input[0]
+    seen: set[str] = set()
+    if cond in consts:  # the branch taken, alone
+        g = then_g if bool(np.asarray(consts[cond]).reshape(-1)[0]) else else_g
+        names: dict[str, str] = {}
+        nodes = _copy_body(g, f"{base}/", names, inits, seen)
+        return nodes + [helper.make_node("Identity", [names.get(o.name, o.name)], [out],
+                                         name=f"{base}/out{k}")
+                        for k, (o, out) in enumerate(zip(g.output, n.output)) if out]
+    tn: dict[str, str] = {}
+    en: dict[str, str] = {}
+    nodes = _copy_body(then_g, f"{base}/then/", tn, inits, seen)
+    nodes += _copy_body(else_g, f"{base}/else/", en, inits, seen)
+    for k, out in enumerate(n.output):
+        if out:
+            a = tn.get(then_g.output[k].name, then_g.output[k].name)
+            b = en.get(else_g.output[k].name, else_g.output[k].name)
+            nodes.append(helper.make_node("Where", [cond, a, b], [out], name=f"{base}/out{k}"))
+    return nodes
