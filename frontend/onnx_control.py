@@ -27,6 +27,7 @@ def flatten_control_flow(proto: onnx.ModelProto, shapes: dict[str, list[int]]) -
     opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
                 default=1)
     consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    made_by = {o: n for n in g.node for o in n.output if o}
     out: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
     changed = False
@@ -35,6 +36,9 @@ def flatten_control_flow(proto: onnx.ModelProto, shapes: dict[str, list[int]]) -
         if n.op_type == "Scan" and opset >= 9 and n.domain in ("", "ai.onnx"):
             made = _unroll_scan(n, shapes, opset, inits)
         elif n.op_type == "If" and n.domain in ("", "ai.onnx"):
+            cond = _static_value(n.input[0], made_by, consts, shapes, opset)
+            if cond is not None:
+                consts = {**consts, n.input[0]: cond}
             made = _inline_if(n, consts, inits)
         if made is None:
             out.append(n)
@@ -46,6 +50,47 @@ def flatten_control_flow(proto: onnx.ModelProto, shapes: dict[str, list[int]]) -
         g.node.extend(out)
         g.initializer.extend(inits)
     return changed
+
+
+def _static_value(name: str, made_by: dict[str, onnx.NodeProto],
+                  consts: dict[str, np.ndarray], shapes: dict[str, list[int]],
+                  opset: int) -> np.ndarray | None:
+    """The value of ``name`` when it depends only on constants and on the (static) shapes
+    of tensors (an If whose condition tests a rank or an extent), else None."""
+    nodes: list[onnx.NodeProto] = []
+    seen: set[str] = set()
+
+    def visit(t: str) -> bool:
+        if not t or t in consts or t in seen:
+            return True
+        n = made_by.get(t)
+        if n is None or n.op_type in ("If", "Loop", "Scan"):
+            return False
+        if n.op_type in ("Shape", "Size") and n.input[0] in shapes:
+            pass  # depends on a shape only
+        elif not all(visit(x) for x in n.input):
+            return False
+        seen.update(o for o in n.output if o)
+        nodes.append(n)
+        return True
+    if not visit(name):
+        return None
+    from onnx.reference import ReferenceEvaluator
+    feeds = {}
+    for n in nodes:  # a shape's tensor stands in as zeros of its shape
+        if n.op_type in ("Shape", "Size") and n.input[0] not in seen:
+            feeds[n.input[0]] = np.zeros(shapes[n.input[0]], np.float32)
+    inputs = [helper.make_tensor_value_info(k, onnx.TensorProto.FLOAT, None) for k in feeds]
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()
+             if any(k in n.input for n in nodes)]
+    graph = helper.make_graph(nodes, "cond", inputs,
+                              [helper.make_tensor_value_info(name, onnx.TensorProto.BOOL, None)],
+                              inits)
+    try:
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        return np.asarray(ReferenceEvaluator(model).run(None, feeds)[0])
+    except Exception:  # noqa: BLE001 -- not evaluable here: both branches are kept
+        return None
 
 
 def _tensor_only(graph: onnx.GraphProto) -> bool:
