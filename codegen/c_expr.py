@@ -513,6 +513,18 @@ def update(op: str, target: Piece, value: Piece, dtype: str, stored: bool = True
     raise InternalError(f"unknown statement operator {op!r}")
 
 
+#: the float16/bfloat16 conversions (name -> C definition), for the C prelude and as
+#: CUDA device functions
+CONVERSIONS: dict[str, str] = {
+    'polyc_f16_load': "/* float16 is stored as its bits and computed in float. The conversions are exact\n   (rounding to nearest even; subnormals, infinities and NaN kept) and branch-free,\n   so that gcc vectorizes them (it does not vectorize _Float16's without AVX512-FP16)\n   */\nstatic inline float polyc_f16_load(uint16_t h)\n{\n  const uint32_t em = h & 0x7fffu, bits = em << 13;\n  float f;\n  memcpy(&f, &bits, sizeof f);\n  f *= 0x1p112f;  /* re-biases the exponent; a subnormal comes out right too */\n  uint32_t r;\n  memcpy(&r, &f, sizeof r);\n  r = em >= 0x7c00u ? (bits | 0x7f800000u) : r;  /* infinity, NaN */\n  r |= (uint32_t)(h & 0x8000u) << 16;\n  memcpy(&f, &r, sizeof f);\n  return f;\n}",
+    'polyc_f16_store': 'static inline uint16_t polyc_f16_store(float x)\n{\n  uint32_t u, sub_bits;\n  memcpy(&u, &x, sizeof u);\n  const uint32_t sign = u & 0x80000000u, a = u ^ sign, magic = 126u << 23;\n  float fa, fm;\n  memcpy(&fa, &a, sizeof fa);\n  memcpy(&fm, &magic, sizeof fm);\n  const float sub = fa + fm;  /* a subnormal result: the FPU rounds it */\n  memcpy(&sub_bits, &sub, sizeof sub_bits);\n  const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;\n  const uint32_t o = a >= 0x47800000u ? (a > 0x7f800000u ? 0x7e00u : 0x7c00u)\n                     : (a < 0x38800000u ? sub_bits - magic : normal);\n  return (uint16_t)(o | (sign >> 16));\n}',
+    'polyc_round_f16': 'static inline float polyc_round_f16(float x) { return polyc_f16_load(polyc_f16_store(x)); }',
+    'polyc_bf16_load': "/* bfloat16: the high half of a float's bits; rounded to nearest even, NaN kept */\nstatic inline float polyc_bf16_load(uint16_t h)\n{\n  uint32_t u = (uint32_t)h << 16;\n  float f;\n  memcpy(&f, &u, sizeof f);\n  return f;\n}",
+    'polyc_bf16_store': 'static inline uint16_t polyc_bf16_store(float f)\n{\n  uint32_t u;\n  memcpy(&u, &f, sizeof u);\n  if ((u & 0x7fffffffu) > 0x7f800000u)\n    return (uint16_t)((u >> 16) | 0x40u);\n  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}',
+    'polyc_round_bf16': 'static inline float polyc_round_bf16(float f) { return polyc_bf16_load(polyc_bf16_store(f)); }',
+}
+
+
 def _prelude() -> str:
     lines = [
         "#include <stdint.h>", "#include <stdbool.h>", "#include <stdlib.h>",
@@ -553,56 +565,7 @@ def _prelude() -> str:
              f"{{ const {ct} r = fmod{f}(a, b); return r == {zero} ? copysign{f}({zero}, b) "
              f": (r < {zero}) != (b < {zero}) ? r + b : r; }}")]
     lines += [
-        "/* float16 is stored as its bits and computed in float. The conversions are exact",
-        "   (rounding to nearest even; subnormals, infinities and NaN kept) and branch-free,",
-        "   so that gcc vectorizes them (it does not vectorize _Float16's without AVX512-FP16)",
-        "   */",
-        "static inline float polyc_f16_load(uint16_t h)",
-        "{",
-        "  const uint32_t em = h & 0x7fffu, bits = em << 13;",
-        "  float f;",
-        "  memcpy(&f, &bits, sizeof f);",
-        "  f *= 0x1p112f;  /* re-biases the exponent; a subnormal comes out right too */",
-        "  uint32_t r;",
-        "  memcpy(&r, &f, sizeof r);",
-        "  r = em >= 0x7c00u ? (bits | 0x7f800000u) : r;  /* infinity, NaN */",
-        "  r |= (uint32_t)(h & 0x8000u) << 16;",
-        "  memcpy(&f, &r, sizeof f);",
-        "  return f;",
-        "}",
-        "static inline uint16_t polyc_f16_store(float x)",
-        "{",
-        "  uint32_t u, sub_bits;",
-        "  memcpy(&u, &x, sizeof u);",
-        "  const uint32_t sign = u & 0x80000000u, a = u ^ sign, magic = 126u << 23;",
-        "  float fa, fm;",
-        "  memcpy(&fa, &a, sizeof fa);",
-        "  memcpy(&fm, &magic, sizeof fm);",
-        "  const float sub = fa + fm;  /* a subnormal result: the FPU rounds it */",
-        "  memcpy(&sub_bits, &sub, sizeof sub_bits);",
-        "  const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;",
-        "  const uint32_t o = a >= 0x47800000u ? (a > 0x7f800000u ? 0x7e00u : 0x7c00u)",
-        "                     : (a < 0x38800000u ? sub_bits - magic : normal);",
-        "  return (uint16_t)(o | (sign >> 16));",
-        "}",
-        "static inline float polyc_round_f16(float x) { return polyc_f16_load(polyc_f16_store(x)); }",
-        "/* bfloat16: the high half of a float's bits; rounded to nearest even, NaN kept */",
-        "static inline float polyc_bf16_load(uint16_t h)",
-        "{",
-        "  uint32_t u = (uint32_t)h << 16;",
-        "  float f;",
-        "  memcpy(&f, &u, sizeof f);",
-        "  return f;",
-        "}",
-        "static inline uint16_t polyc_bf16_store(float f)",
-        "{",
-        "  uint32_t u;",
-        "  memcpy(&u, &f, sizeof u);",
-        "  if ((u & 0x7fffffffu) > 0x7f800000u)",
-        "    return (uint16_t)((u >> 16) | 0x40u);",
-        "  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
-        "}",
-        "static inline float polyc_round_bf16(float f) { return polyc_bf16_load(polyc_bf16_store(f)); }",
+        *[line for text in CONVERSIONS.values() for line in text.splitlines()],
         "/* bytes for count elements of elem bytes, rounded up to 64 */",
         "static inline size_t polyc_bytes(int64_t count, size_t elem)",
         "{",

@@ -57,7 +57,8 @@ from polyc.ir import Access, Kernel
 from polyc.options import Options
 
 from .ast import annotate_marks, loop_depth, size_check
-from .c_expr import ADD, CTYPES, PRELUDE, PRIMARY, isl_expr, loop_var
+from .c_expr import (ADD, CONVERSIONS, CTYPES, PRELUDE, PRIMARY, Piece, compute_ctype, isl_expr,
+                     load, loop_var, store)
 from .c_family import CDialect, CSource, _block, _mentions, _product, _Symbols, _Walker
 from .initial_values import reads_before_writing
 
@@ -106,19 +107,29 @@ class CudaSource(CSource):
 
 
 #: the C prelude's one-line helpers (name -> definition) as host/device functions
-HELPERS = {re.search(r"(polyc_\w+)\(", ln).group(1):  # type: ignore[union-attr]
-           ln.replace("static inline ", "static inline __host__ __device__ ", 1)
-           for ln in PRELUDE.splitlines()
-           if ln.startswith("static inline ") and ln.rstrip().endswith("}")}
+HELPERS = {name: text.replace("static inline ", "static inline __host__ __device__ ", 1)
+           for name, text in CONVERSIONS.items()}  # first: one-liners below call them
+HELPERS.update({re.search(r"(polyc_\w+)\(", ln).group(1):  # type: ignore[union-attr]
+                ln.replace("static inline ", "static inline __host__ __device__ ", 1)
+                for ln in PRELUDE.splitlines()
+                if ln.startswith("static inline ") and ln.rstrip().endswith("}")
+                and re.search(r"(polyc_\w+)\(", ln).group(1) not in CONVERSIONS})  # type: ignore[union-attr]
 
 
 def _device_prelude(used: str) -> str:
     """Includes, the launch and export macros, and the helpers ``used`` mentions (nvcc
     warns about unused static functions)."""
-    helpers = [d for name, d in HELPERS.items() if _mentions(used, name)]
+    wanted = {name for name in HELPERS if _mentions(used, name)}
+    while True:  # and the helpers those helpers call
+        more = {name for name in HELPERS if name not in wanted
+                and any(_mentions(HELPERS[w], name) for w in wanted)}
+        if not more:
+            break
+        wanted |= more
+    helpers = [d for name, d in HELPERS.items() if name in wanted]
     return "\n".join([
         "#include <stdint.h>", "#include <stdbool.h>", "#include <stdio.h>",
-        "#include <math.h>", "",
+        "#include <string.h>", "#include <math.h>", "",
         "#ifndef POLYC_LAUNCH  /* cuda_emu.h (CPU emulation) defines its own */",
         "#define POLYC_LAUNCH(kernel, grid, block, ...) kernel<<<grid, block>>>(__VA_ARGS__)",
         "#endif",
@@ -170,10 +181,11 @@ def device_kernels(kernel: Kernel, kernels: list[GpuKernel], options: Options,
     ``<prefix><index>``, and how to launch each (a model's library prints several
     operators' kernels in one file, each with its own prefix)."""
     for arr in kernel.arrays:
-        if D.get(arr.dtype).storage_only:
+        if D.get(arr.dtype).minifloat:
             raise UnsupportedError(
                 f"array {arr.name!r} of kernel {kernel.name!r} has dtype {arr.dtype}, which "
-                f"the CUDA target does not compile yet (the C target does)")
+                f"the CUDA target does not compile yet (the C target does: its conversions "
+                f"use tables the device code does not have)")
     dialect = CudaDialect()
     sym = sym or _Symbols.of(kernel)
     device, launches = [], []
@@ -355,7 +367,8 @@ class _CudaWalker(_Walker):
         p = self.gk.private
         a = p.array
         name = f"polyc_reg_{self.sym.arrays[a]}"
-        ctype = CTYPES[self.kernel.array(a).dtype]
+        dtype = self.kernel.array(a).dtype
+        ctype = compute_ctype(dtype)  # held as computed (a float for float16)
         mapped = [(d, self.gk.dims[axis]) for d, axis in enumerate(p.axes) if axis is not None]
         code: list[cgen.Generable] = [cgen.Statement(
             f"{ctype} {name}{''.join(f'[{n}]' for n in p.points)} = {{}}")]
@@ -375,8 +388,8 @@ class _CudaWalker(_Walker):
         for k, (d, m) in enumerate(mapped):
             names[f"polyc_g{d}"] = f"({base[d]} + {m.block} * polyc_p{k})"
         printer = self.sym.printer(self.kernel, names)
-        element = printer.element(a, tuple(E.Index(f"polyc_g{d}")
-                                           for d in range(len(p.axes)))).text
+        stored = printer.element(a, tuple(E.Index(f"polyc_g{d}") for d in range(len(p.axes))))
+        element = stored.text
         local = name + "".join(f"[polyc_p{k}]" for k in range(len(mapped)))
         inside = " && ".join(f"{names[f'polyc_g{d}']} >= {lo[d]} && "
                              f"{names[f'polyc_g{d}']} <= {hi[d]}" for d, _ in mapped)
@@ -394,8 +407,8 @@ class _CudaWalker(_Walker):
             inner = self.node(body, pending, in_parallel)
         finally:
             self.promoted.pop(a, None)
-        return [cgen.Block(code + [copy(f"{local} = {element}")] + inner
-                           + [copy(f"{element} = {local}")])]
+        return [cgen.Block(code + [copy(f"{local} = {load(dtype, stored).text}")] + inner
+                           + [copy(f"{element} = {store(dtype, Piece(local)).text}")])]
 
     def _for(self, n: isl.AstNode, pending: tuple, in_parallel: bool) -> list[cgen.Generable]:
         """A point loop mapped to threads (kernels with shared arrays, see
@@ -439,7 +452,8 @@ class _CudaWalker(_Walker):
         for c in copies:
             a = c.array.array
             name = f"polyc_shared_{self.sym.arrays[a]}"
-            ctype = CTYPES[self.kernel.array(a).dtype]
+            dtype = self.kernel.array(a).dtype
+            ctype = compute_ctype(dtype)  # held as computed (a float for float16)
             self.shared_decls[name] = (f"__shared__ {ctype} {name}"
                                        + "".join(f"[{b}]" for b in c.array.box))
             rank = len(c.lo)
@@ -460,7 +474,7 @@ class _CudaWalker(_Walker):
             printer = self.sym.printer(self.kernel, names)
             element = printer.element(a, tuple(E.Index(f"polyc_g{d}") for d in range(rank)))
             local = name + "".join(f"[polyc_r{d}]" for d in range(rank))
-            loop.append(cgen.Statement(f"{local} = {element.text}"))
+            loop.append(cgen.Statement(f"{local} = {load(dtype, element).text}"))
             total = " * ".join(n)
             code.append(cgen.For("int64_t polyc_i = polyc_tid", f"polyc_i < {total}",
                                  f"polyc_i += {self.gk.threads}", cgen.Block(loop)))

@@ -152,11 +152,32 @@ def test_every_dtype_is_in_the_tables():
         assert D.from_numpy(d.numpy) == name
 
 
-def test_cuda_target_refuses_half_types_by_name():
-    op = polyc.define("def c(float16(N) A) -> (B) { B(i) = A(i) * A(i) }", target="cuda",
-                      emulate=True)
-    with pytest.raises(UnsupportedError, match=r"'A'.*float16.*CUDA target"):
-        op(np.ones(4, np.float16))
+def test_cuda_target_refuses_float8_by_name():
+    op = polyc.define("def c(float8e4m3fn(N) A) -> (B) { B(i) = A(i) * A(i) }",
+                      target="cuda", emulate=True)
+    with pytest.raises(UnsupportedError, match=r"'A'.*float8e4m3fn.*CUDA target"):
+        op(np.ones(4, np.float32).astype(D.numpy_dtype("float8e4m3fn")))
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_cuda_half_types_match_the_c_target(dt):
+    """On the CUDA target (through the emulation, or a GPU) the half types are converted
+    by the same device functions, shared-memory and register tiles holding converted
+    values: the C target's results within one rounding of the type (the float32 sums
+    run in another order)."""
+    npdt = BF16 if dt == "bfloat16" else np.dtype(dt)
+    src = (f"def mm({dt}(M,K) A, {dt}(K,N) B) -> (C, E) {{\n C(m,n) +=! A(m,k) * B(k,n)\n"
+           f" E(m,n) = tanh(C(m,n)) * A(m, 0)\n}}")
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((37, 70)).astype(npdt)
+    b = rng.standard_normal((70, 45)).astype(npdt)
+    gpu = polyc.define(src, target="cuda", emulate=True)(a, b)
+    cpu = polyc.define(src)(a, b)
+    ulp = 2.0 ** (-10 if dt == "float16" else -7)
+    for g, c in zip(gpu, cpu):
+        assert g.dtype == npdt
+        g32, c32 = g.astype(np.float32), c.astype(np.float32)
+        np.testing.assert_allclose(g32, c32, rtol=2 * ulp, atol=2 * ulp * np.abs(c32).max())
 
 
 def test_cuda_emulation_wraps_narrow_integers():
