@@ -52,13 +52,8 @@ def load(dtype: str, x: Piece) -> Piece:
         if d.kind == "u":
             return Piece(f"({x.at(MUL)} & {mask})")
         return Piece(f"(((int32_t){x.at(PRIMARY)} & {mask}) ^ {sign}) - {sign}", ADD)
-    if d.minifloat:
-        return call(f"polyc_{_tag(dtype)}_load", x)
-    if dtype == "float16":
-        return call("polyc_f16_load", x)
-    if dtype == "bfloat16":
-        return call("polyc_bf16_load", x)
-    return x
+    tag = _conversion(dtype)
+    return call(f"polyc_{tag}_load", x) if tag else x
 
 
 def store(dtype: str, x: Piece) -> Piece:
@@ -66,13 +61,15 @@ def store(dtype: str, x: Piece) -> Piece:
     d = D.get(dtype)
     if d.is_int and d.bits < 8:  # int4: its low bits (as ml_dtypes stores them)
         return Piece(f"({d.ctype})((uint32_t){x.at(PRIMARY)} & {(1 << d.bits) - 1}u)", UNARY)
-    if d.minifloat:
-        return call(f"polyc_{_tag(dtype)}_store", x)
-    if dtype == "float16":
-        return call("polyc_f16_store", x)
-    if dtype == "bfloat16":
-        return call("polyc_bf16_store", x)
-    return x
+    tag = _conversion(dtype)
+    return call(f"polyc_{tag}_store", x) if tag else x
+
+
+def _conversion(dtype: str) -> str | None:
+    """The tag of a float type's conversion helpers (``polyc_<tag>_load``/``_store``)."""
+    if D.get(dtype).minifloat:
+        return _tag(dtype)
+    return {"float16": "f16", "bfloat16": "bf16"}.get(dtype)
 
 # -- identifiers ------------------------------------------------------------------------
 
@@ -516,12 +513,62 @@ def update(op: str, target: Piece, value: Piece, dtype: str, stored: bool = True
 #: the float16/bfloat16 conversions (name -> C definition), for the C prelude and as
 #: CUDA device functions
 CONVERSIONS: dict[str, str] = {
-    'polyc_f16_load': "/* float16 is stored as its bits and computed in float. The conversions are exact\n   (rounding to nearest even; subnormals, infinities and NaN kept) and branch-free,\n   so that gcc vectorizes them (it does not vectorize _Float16's without AVX512-FP16)\n   */\nstatic inline float polyc_f16_load(uint16_t h)\n{\n  const uint32_t em = h & 0x7fffu, bits = em << 13;\n  float f;\n  memcpy(&f, &bits, sizeof f);\n  f *= 0x1p112f;  /* re-biases the exponent; a subnormal comes out right too */\n  uint32_t r;\n  memcpy(&r, &f, sizeof r);\n  r = em >= 0x7c00u ? (bits | 0x7f800000u) : r;  /* infinity, NaN */\n  r |= (uint32_t)(h & 0x8000u) << 16;\n  memcpy(&f, &r, sizeof f);\n  return f;\n}",
-    'polyc_f16_store': 'static inline uint16_t polyc_f16_store(float x)\n{\n  uint32_t u, sub_bits;\n  memcpy(&u, &x, sizeof u);\n  const uint32_t sign = u & 0x80000000u, a = u ^ sign, magic = 126u << 23;\n  float fa, fm;\n  memcpy(&fa, &a, sizeof fa);\n  memcpy(&fm, &magic, sizeof fm);\n  const float sub = fa + fm;  /* a subnormal result: the FPU rounds it */\n  memcpy(&sub_bits, &sub, sizeof sub_bits);\n  const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;\n  const uint32_t o = a >= 0x47800000u ? (a > 0x7f800000u ? 0x7e00u : 0x7c00u)\n                     : (a < 0x38800000u ? sub_bits - magic : normal);\n  return (uint16_t)(o | (sign >> 16));\n}',
-    'polyc_round_f16': 'static inline float polyc_round_f16(float x) { return polyc_f16_load(polyc_f16_store(x)); }',
-    'polyc_bf16_load': "/* bfloat16: the high half of a float's bits; rounded to nearest even, NaN kept */\nstatic inline float polyc_bf16_load(uint16_t h)\n{\n  uint32_t u = (uint32_t)h << 16;\n  float f;\n  memcpy(&f, &u, sizeof f);\n  return f;\n}",
-    'polyc_bf16_store': 'static inline uint16_t polyc_bf16_store(float f)\n{\n  uint32_t u;\n  memcpy(&u, &f, sizeof u);\n  if ((u & 0x7fffffffu) > 0x7f800000u)\n    return (uint16_t)((u >> 16) | 0x40u);\n  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}',
-    'polyc_round_bf16': 'static inline float polyc_round_bf16(float f) { return polyc_bf16_load(polyc_bf16_store(f)); }',
+    "polyc_f16_load": """\
+/* float16 is stored as its bits and computed in float. The conversions are exact
+   (rounding to nearest even; subnormals, infinities and NaN kept) and branch-free,
+   so that gcc vectorizes them (it does not vectorize _Float16's without AVX512-FP16)
+   */
+static inline float polyc_f16_load(uint16_t h)
+{
+  const uint32_t em = h & 0x7fffu, bits = em << 13;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  f *= 0x1p112f;  /* re-biases the exponent; a subnormal comes out right too */
+  uint32_t r;
+  memcpy(&r, &f, sizeof r);
+  r = em >= 0x7c00u ? (bits | 0x7f800000u) : r;  /* infinity, NaN */
+  r |= (uint32_t)(h & 0x8000u) << 16;
+  memcpy(&f, &r, sizeof f);
+  return f;
+}""",
+    "polyc_f16_store": """\
+static inline uint16_t polyc_f16_store(float x)
+{
+  uint32_t u, sub_bits;
+  memcpy(&u, &x, sizeof u);
+  const uint32_t sign = u & 0x80000000u, a = u ^ sign, magic = 126u << 23;
+  float fa, fm;
+  memcpy(&fa, &a, sizeof fa);
+  memcpy(&fm, &magic, sizeof fm);
+  const float sub = fa + fm;  /* a subnormal result: the FPU rounds it */
+  memcpy(&sub_bits, &sub, sizeof sub_bits);
+  const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
+  const uint32_t o = a >= 0x47800000u ? (a > 0x7f800000u ? 0x7e00u : 0x7c00u)
+                     : (a < 0x38800000u ? sub_bits - magic : normal);
+  return (uint16_t)(o | (sign >> 16));
+}""",
+    "polyc_round_f16": """\
+static inline float polyc_round_f16(float x) { return polyc_f16_load(polyc_f16_store(x)); }""",
+    "polyc_bf16_load": """\
+/* bfloat16: the high half of a float's bits; rounded to nearest even, NaN kept */
+static inline float polyc_bf16_load(uint16_t h)
+{
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}""",
+    "polyc_bf16_store": """\
+static inline uint16_t polyc_bf16_store(float f)
+{
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 0x40u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}""",
+    "polyc_round_bf16": """\
+static inline float polyc_round_bf16(float f) { return polyc_bf16_load(polyc_bf16_store(f)); }""",
 }
 
 
@@ -672,12 +719,17 @@ def _minifloat_helpers(dtype: str) -> str:
     sign_bit = 1 << (d.bits - 1)
     nan_code = nan[0] if nan else 0
     nan_result = int(np.array([np.nan], np.float32).astype(d.numpy).view(np.uint8)[0])
-    fmt = lambda v: repr(v) + "f" if np.isfinite(v) else ("NAN" if np.isnan(v) else  # noqa: E731
-                                                             ("INFINITY" if v > 0 else "-INFINITY"))
+    def fmt(v: float) -> str:
+        if np.isnan(v):
+            return "NAN"
+        if np.isinf(v):
+            return "INFINITY" if v > 0 else "-INFINITY"
+        return repr(v) + "f"
+    unused = "__attribute__((unused)) static const"
     lines = [
-        f"__attribute__((unused)) static const float {t}_values[{ncodes}] = {{{', '.join(fmt(float(v)) for v in values)}}};",
-        f"__attribute__((unused)) static const float {t}_pos[{len(pos)}] = {{{', '.join(repr(v) + 'f' for v in pos)}}};",
-        f"__attribute__((unused)) static const uint8_t {t}_code[{len(pos)}] = {{{', '.join(map(str, codes))}}};",
+        f"{unused} float {t}_values[{ncodes}] = {{{', '.join(fmt(float(v)) for v in values)}}};",
+        f"{unused} float {t}_pos[{len(pos)}] = {{{', '.join(fmt(v) for v in pos)}}};",
+        f"{unused} uint8_t {t}_code[{len(pos)}] = {{{', '.join(map(str, codes))}}};",
         f"static inline float {t}_load(uint8_t c) {{ return {t}_values[c & {ncodes - 1}]; }}",
         f"static inline uint8_t {t}_store(float f)",
         "{",

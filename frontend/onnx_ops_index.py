@@ -36,7 +36,6 @@ def one_hot(node: Node, ctx: LowerContext) -> Lowered:
     d = idx[axis]
     src = idx[:axis] + idx[axis + 1:]
     i = f"int64({ref(ctx, ind, src)})"
-    dt = ctx.dtype(y)
     on, off = ref(ctx, values, ["1"]), ref(ctx, values, ["0"])
     return Lowered([stmt(ctx, y, idx, "=", f"({i} == {d} || {i} + {n} == {d}) ? "
                                            f"{on} : {off}")])
@@ -466,7 +465,7 @@ def col2im(node: Node, ctx: LowerContext) -> Lowered:
     adds, over the kernel offsets ``b``, the column entry of the block position ``l``
     with ``l * stride + b * dilation - pad == pixel`` (when one exists)."""
     x, y = node.inputs[0], node.outputs[0]
-    xs, ys = ctx.shape(x), ctx.shape(y)
+    ys = ctx.shape(y)
     bc = ctx.const(node.inputs[2])
     if bc is None:
         raise unsupported(node, "block_shape must be a constant or given at compile time")

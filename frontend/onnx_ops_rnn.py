@@ -88,7 +88,10 @@ def recurrent(node: Node, ctx: LowerContext) -> Lowered:
     states: list[tuple[str, str, bool, str]] = []  # per direction: H, C, reversed, valid
     loops: list[tuple[str, int, int]] = []
     scaffold: list[int] = []
-    for d, reverse in enumerate(dirs):
+
+    def one_direction(d: int, reverse: bool) -> None:
+        """The statements of direction ``d`` (its steps backwards when
+        ``reverse``), appended to the node's."""
         fns = [_activation(node, acts[d * per + k],
                            alphas[d * per + k] if d * per + k < len(alphas) else None,
                            betas[d * per + k] if d * per + k < len(betas) else None, dt)
@@ -153,7 +156,8 @@ def recurrent(node: Node, ctx: LowerContext) -> Lowered:
                 rh = ctx.temp("rh")
                 stmts.append(temp_stmt(
                     ctx, rh, row, shape, "+=!",
-                    f"{rg}(s, b, k) * {hp('k')} * {ref(ctx, r, [str(d), f'{2 * hidden} + j', 'k'])}"))
+                    f"{rg}(s, b, k) * {hp('k')} * "
+                f"{ref(ctx, r, [str(d), f'{2 * hidden} + j', 'k'])}"))
                 rb = f" + {ref(ctx, b_in, [str(d), f'{5 * hidden} + j'])}" if b_in else ""
                 wb = f" + {ref(ctx, b_in, [str(d), q])}" if b_in else ""
                 cand = g(clipped(f"{xw}(s, b, {q}) + {rh}(s, b, j){rb}{wb}"))
@@ -183,6 +187,9 @@ def recurrent(node: Node, ctx: LowerContext) -> Lowered:
                                    hold(f"{og}(s, b, j) * {h(cell)}", hs, h0)))
         loops.append(("s", first, len(stmts) - 1))
         states.append((hs, cs, reverse, valid))
+
+    for d, reverse in enumerate(dirs):
+        one_direction(d, reverse)
     # outputs, every direction in one statement: Y at each time, the last states
     def pick(values: list[str]) -> str:
         out = values[-1]
