@@ -287,9 +287,13 @@ def test_upsample():
 
 
 def test_resize_unsupported():
-    model = make_model("Resize", dict(x=X), ["y"], dict(scales=np.array([1, 1, 2, 2], np.float32)),
+    model = make_model("Resize", dict(x=X), ["y"], dict(scales=np.array([1, 2, 2, 2], np.float32)),
                        _inputs=["x", "", "scales"], mode="cubic")
-    with pytest.raises(UnsupportedOpError, match="Resize.*mode='cubic'.*supported"):
+    with pytest.raises(UnsupportedOpError, match="Resize.*cubic resize of 3 axes"):
+        lower_node(graph_of(model, {}))
+    model = make_model("Resize", dict(x=X), ["y"], dict(scales=np.array([1, 1, 2, 2], np.float32)),
+                       _inputs=["x", "", "scales"], mode="linear", antialias=1)
+    with pytest.raises(UnsupportedOpError, match="antialias"):
         lower_node(graph_of(model, {}))
     model = make_model("Resize", dict(x=X), ["y"], dict(scales=np.array([1, 1, 2, 2], np.float32)),
                        _inputs=["x", "", "scales"], coordinate_transformation_mode=
