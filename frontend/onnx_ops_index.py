@@ -289,7 +289,11 @@ def grid_sample(node: Node, ctx: LowerContext) -> Lowered:
     align = bool(node.attr("align_corners", 0))
     dt = ctx.dtype(y)
     o = [f"o{d}" for d in range(k)]
-    lets = []
+    # each axis's sampling coordinate in a temporary of its own: a let would be
+    # substituted into every tap and weight (16 of each for cubic), and reflection reads
+    # the coordinate eight times
+    stmts, lets = [], []
+    space = [("n", 0, xs[0])] + [(o[d], 0, gs[1 + d]) for d in range(k)]
     for d in range(k):  # spatial axis d (H, W...) takes grid component k-1-d
         n = xs[2 + d]
         g = f"double({ref(ctx, grid, ['n'] + o + [str(k - 1 - d)])})"
@@ -298,13 +302,17 @@ def grid_sample(node: Node, ctx: LowerContext) -> Lowered:
         if mode == "nearest":
             v = f"round({v})"
         lo, hi = (0.0, n - 1.0) if align else (-0.5, n - 0.5)
-        lets.append(f"u{d} = {v}")
+        own = [f"u = {v}"]
         if pad == "border":
-            lets.append(f"p{d} = max(0.0, min({n - 1.0!r}, u{d}))")
+            v = f"max(0.0, min({n - 1.0!r}, u))"
         elif pad == "reflection":
-            lets.append(f"p{d} = {_reflect(f'u{d}', lo, hi, d, lets)}")
+            v = _reflect("u", lo, hi, "", own)
         else:
-            lets.append(f"p{d} = u{d}")
+            v = "u"
+        coord = ctx.temp(f"coord{d}")
+        stmts.append(f"{coord}({', '.join(['n'] + o)}) = {v} where "
+                     f"{', '.join(own + [f'{i} in {a}:{b}' for i, a, b in space])}")
+        lets.append(f"p{d} = {coord}({', '.join(['n'] + o)})")
         lets.append(f"f{d} = floor(p{d})")
         lets.append(f"t{d} = p{d} - f{d}")
 
@@ -350,8 +358,8 @@ def grid_sample(node: Node, ctx: LowerContext) -> Lowered:
     clauses = lets + [f"n in 0:{xs[0]}", f"c in 0:{xs[1]}"] + \
         [f"{o[d]} in 0:{gs[1 + d]}" for d in range(k)]
     from .onnx_ops_math import cast_to
-    return Lowered([f"{ref(ctx, y, ['n', 'c'] + o)} = {cast_to(dt, ' + '.join(terms))} "
-                    f"where {', '.join(clauses)}"])
+    return Lowered(stmts + [f"{ref(ctx, y, ['n', 'c'] + o)} = "
+                            f"{cast_to(dt, ' + '.join(terms))} where {', '.join(clauses)}"])
 
 
 def _reflect(v: str, lo: float, hi: float, tag, lets: list[str]) -> str:
