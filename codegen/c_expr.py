@@ -12,6 +12,7 @@ context (``2.0f``, ``INFINITY``, ``INT32_MIN``).
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
@@ -681,6 +682,7 @@ def prelude_for(text: str) -> str:
     return "\n".join([PRELUDE, *extra])
 
 
+@functools.lru_cache(maxsize=None)
 def _minifloat_helpers(dtype: str) -> str:
     """Tables and functions converting ``dtype`` (a float8 or float4 type) to and from
     float, computed from ml_dtypes' own conversions: a read looks its code up; a write

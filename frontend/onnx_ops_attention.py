@@ -28,9 +28,9 @@ import numpy as np
 from polyc import dtypes as D
 
 from .onnx_graph import LowerContext, Lowered, Node, register
+from .onnx_import import DTYPES
 from .onnx_ops_math import cast_to, lit, present, ref, stmt, temp_stmt, unsupported
 
-_TYPES = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}
 
 
 @register("Attention")
@@ -70,7 +70,7 @@ def attention(node: Node, ctx: LowerContext) -> Lowered:
     causal = bool(node.attr("is_causal", 0))
     mode = int(node.attr("qk_matmul_output_mode", 0))
     sp = node.attr("softmax_precision", None)
-    sp_dt = _TYPES.get(int(sp), None) if sp is not None else dt
+    sp_dt = DTYPES.get(int(sp)) if sp is not None else dt
     if sp_dt is None:
         raise unsupported(node, f"softmax_precision {sp}")
     outs = list(node.outputs) + [""] * (4 - len(node.outputs))

@@ -18,8 +18,9 @@ from __future__ import annotations
 from polyc import dtypes as D
 
 from .onnx_graph import LowerContext, Lowered, Node, register
-from .onnx_ops_math import idx_names, lit, norm_axis, present, ref, stmt, temp_stmt, \
-    unsupported
+from .onnx_ops_math import cast_to, idx_names, lit, norm_axis, present, ref, stmt, str_attr, \
+    temp_stmt, unsupported
+from .onnx_ops_shape import keys_weights
 
 
 @register("OneHot")
@@ -49,8 +50,7 @@ def space_to_depth(node: Node, ctx: LowerContext) -> Lowered:
         raise unsupported(node, f"blocksize {b} on a rank-{ctx.rank(x)} input")
     c = ctx.shape(x)[1]
     idx = ["n", "q", "h", "w"]
-    mode = node.attr("mode", "DCR")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = str_attr(node, "mode", "DCR")
     if mode == "CRD":  # channel-major: q = c * b*b + (bh * b + bw)
         src = ["n", f"q / {b * b}", f"{b}*h + (q % {b * b}) / {b}", f"{b}*w + q % {b}"]
     elif mode == "DCR":  # q = (bh * b + bw) * C + c
@@ -67,10 +67,8 @@ def top_k(node: Node, ctx: LowerContext) -> Lowered:
     xs = ctx.shape(x)
     rank = len(xs)
     axis = norm_axis(node, node.attr("axis", -1), rank)
-    kc = ctx.const(node.inputs[1]) if present(node, 1) else None
-    if kc is None:
+    if not present(node, 1) or ctx.const(node.inputs[1]) is None:  # K is the output's extent
         raise unsupported(node, "K must be a constant (or a value given at compile time)")
-    k = int(kc.reshape(-1)[0])
     largest = bool(node.attr("largest", 1))
     dt = ctx.dtype(x)
     row = idx_names(rank)
@@ -92,7 +90,6 @@ def top_k(node: Node, ctx: LowerContext) -> Lowered:
         stmts.append(stmt(ctx, indices, out, "+=!",
                           f"{rk} == r ? {ctx.dtype(indices)}(a) : "
                           f"{lit(0, ctx.dtype(indices))}", extra=[f"a in 0:{xs[axis]}"]))
-    del k
     return Lowered(stmts)
 
 
@@ -103,10 +100,7 @@ def scatter_elements(node: Node, ctx: LowerContext) -> Lowered:
     xs, qs = ctx.shape(data), ctx.shape(ind)
     rank = len(xs)
     axis = norm_axis(node, node.attr("axis", 0), rank)
-    red = node.attr("reduction", "none")
-    red = red.decode() if isinstance(red, bytes) else red
-    if red not in ("none", "add", "mul", "max", "min"):
-        raise unsupported(node, f"reduction {red!r}")
+    red = _reduction(node)
     if ctx.dtype(ind) not in D.INTS:
         raise unsupported(node, f"indices of dtype {ctx.dtype(ind)}")
     idx = idx_names(rank)
@@ -115,7 +109,6 @@ def scatter_elements(node: Node, ctx: LowerContext) -> Lowered:
     hit = f"({i} == {idx[axis]} || {i} + {xs[axis]} == {idx[axis]})"
     inside = [f"{idx[d]} < {qs[d]}" for d in range(rank) if d != axis and qs[d] < xs[d]]
     cond = " && ".join(inside + [hit])
-    dt = ctx.dtype(y)
     old = ref(ctx, data, idx)
     stmts = []
     if red == "none":  # the last update aimed here (ONNX leaves duplicates undefined)
@@ -127,18 +120,34 @@ def scatter_elements(node: Node, ctx: LowerContext) -> Lowered:
         pick = ref(ctx, upd, idx[:axis] + [f"max(0, {lr})"] + idx[axis + 1:])
         stmts.append(stmt(ctx, y, idx, "=", f"{lr} >= 0 ? {pick} : {old}"))
         return Lowered(stmts)
+    return Lowered(_scatter_reduced(ctx, red, y, idx, xs, old, cond, ref(ctx, upd, src),
+                                    [f"p in 0:{qs[axis]}"]))
+
+
+def _reduction(node: Node) -> str:
+    red = str_attr(node, "reduction", "none")
+    if red not in ("none", "add", "mul", "max", "min"):
+        raise unsupported(node, f"reduction {red!r}")
+    return red
+
+
+def _scatter_reduced(ctx: LowerContext, red: str, y: str, idx: list[str], shape, old: str,
+                     cond: str, update: str, lets: list[str]) -> list[str]:
+    """``Y = old RED (the reduction of every update aimed here)``: the updates where
+    ``cond`` holds, reduced over the ``lets`` ranges into a temporary (the reduction's
+    identity elsewhere), then combined with the data."""
+    dt = ctx.dtype(y)
     ident = {"add": 0, "mul": 1, "max": float("-inf"), "min": float("inf")}[red]
     if D.get(dt).is_int and red in ("max", "min"):
         ident = D.get(dt).limits[0 if red == "max" else 1]
     op = {"add": "+=!", "mul": "*=!", "max": "max=!", "min": "min=!"}[red]
     acc = ctx.temp("acc")
-    stmts.append(temp_stmt(ctx, acc, idx, xs, op,
-                           f"{cond} ? {ref(ctx, upd, src)} : {lit(ident, dt)}",
-                           lets=[f"p in 0:{qs[axis]}"]))
     a = f"{acc}({', '.join(idx)})"
     combine = {"add": f"{old} + {a}", "mul": f"{old} * {a}", "max": f"max({old}, {a})",
                "min": f"min({old}, {a})"}[red]
-    return Lowered(stmts + [stmt(ctx, y, idx, "=", combine)])
+    return [temp_stmt(ctx, acc, idx, shape, op, f"({cond}) ? {update} : {lit(ident, dt)}",
+                      lets=lets),
+            stmt(ctx, y, idx, "=", combine)]
 
 
 @register("ScatterND")
@@ -151,10 +160,7 @@ def scatter_nd(node: Node, ctx: LowerContext) -> Lowered:
     xs, qs = ctx.shape(data), ctx.shape(ind)
     m = qs[-1]
     lead = list(qs[:-1])
-    red = node.attr("reduction", "none")
-    red = red.decode() if isinstance(red, bytes) else red
-    if red not in ("none", "add", "mul", "max", "min"):
-        raise unsupported(node, f"reduction {red!r}")
+    red = _reduction(node)
     idx = idx_names(len(xs))
     js = [f"j{k}" for k in range(len(lead))]
     lets = [f"{j} in 0:{n}" for j, n in zip(js, lead)]
@@ -162,7 +168,6 @@ def scatter_nd(node: Node, ctx: LowerContext) -> Lowered:
         f"(int64({ref(ctx, ind, js + [str(k)])}) == {idx[k]} || "
         f"int64({ref(ctx, ind, js + [str(k)])}) + {xs[k]} == {idx[k]})" for k in range(m))
     old = ref(ctx, data, idx)
-    dt = ctx.dtype(y)
     if red == "none":
         strides = [1] * len(lead)
         for k in range(len(lead) - 2, -1, -1):
@@ -175,18 +180,8 @@ def scatter_nd(node: Node, ctx: LowerContext) -> Lowered:
         pos = [f"(max(0, {lr}) / {s}) % {n}" for s, n in zip(strides, lead)]
         pick = ref(ctx, upd, pos + idx[m:])
         return Lowered(stmts + [stmt(ctx, y, idx, "=", f"{lr} >= 0 ? {pick} : {old}")])
-    ident = {"add": 0, "mul": 1, "max": float("-inf"), "min": float("inf")}[red]
-    if D.get(dt).is_int and red in ("max", "min"):
-        ident = D.get(dt).limits[0 if red == "max" else 1]
-    op = {"add": "+=!", "mul": "*=!", "max": "max=!", "min": "min=!"}[red]
-    acc = ctx.temp("acc")
-    a = f"{acc}({', '.join(idx)})"
-    combine = {"add": f"{old} + {a}", "mul": f"{old} * {a}", "max": f"max({old}, {a})",
-               "min": f"min({old}, {a})"}[red]
-    return Lowered([temp_stmt(ctx, acc, idx, xs, op,
-                              f"({hit}) ? {ref(ctx, upd, js + idx[m:])} : {lit(ident, dt)}",
-                              lets=lets),
-                    stmt(ctx, y, idx, "=", combine)])
+    return Lowered(_scatter_reduced(ctx, red, y, idx, xs, old, hit,
+                                    ref(ctx, upd, js + idx[m:]), lets))
 
 
 @register("RotaryEmbedding")
@@ -199,7 +194,7 @@ def rotary_embedding(node: Node, ctx: LowerContext) -> Lowered:
     y = node.outputs[0]
     xs = ctx.shape(x)
     if len(xs) == 4:
-        heads, dim = xs[1], xs[3]
+        dim = xs[3]
     elif len(xs) == 3:
         heads = int(node.attr("num_heads", 0))
         if heads <= 0 or xs[2] % heads:
@@ -235,7 +230,6 @@ def rotary_embedding(node: Node, ctx: LowerContext) -> Lowered:
         turned = (f"({d}) < {half} ? {xat(lo)} * {c} - {xat(hi)} * {sn} : "
                   f"{xat(hi)} * {c} + {xat(lo)} * {sn}")
     value = f"({d}) < {rot} ? ({turned}) : {ref(ctx, x, idx)}" if rot < dim else turned
-    del heads
     return Lowered([stmt(ctx, y, idx, "=", value)])
 
 
@@ -276,11 +270,9 @@ def grid_sample(node: Node, ctx: LowerContext) -> Lowered:
     y = node.outputs[0]
     xs, gs = ctx.shape(x), ctx.shape(grid)
     k = len(xs) - 2
-    mode = node.attr("mode", "linear")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = str_attr(node, "mode", "linear")
     mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
-    pad = node.attr("padding_mode", "zeros")
-    pad = pad.decode() if isinstance(pad, bytes) else pad
+    pad = str_attr(node, "padding_mode", "zeros")
     if mode not in ("nearest", "linear", "cubic") or pad not in ("zeros", "border",
                                                                   "reflection"):
         raise unsupported(node, f"mode {mode!r} with padding_mode {pad!r}")
@@ -335,11 +327,7 @@ def grid_sample(node: Node, ctx: LowerContext) -> Lowered:
             return [(0, "1.0")]
         if mode == "linear":
             return [(0, f"(1.0 - {t})"), (1, t)]
-        a = -0.75
-        far = lambda v: f"((({a!r} * {v} - {5 * a!r}) * {v} + {8 * a!r}) * {v} - {4 * a!r})"  # noqa: E731
-        near = lambda v: f"((({a + 2!r}) * {v} - ({a + 3!r})) * {v} * {v} + 1.0)"  # noqa: E731
-        return [(-1, far(f"({t} + 1.0)")), (0, near(t)), (1, near(f"(1.0 - {t})")),
-                (2, far(f"(2.0 - {t})"))]
+        return list(zip((-1, 0, 1, 2), keys_weights(t)))
     per_axis = [[(tap(d, off), w) for off, w in weights(d)] for d in range(k)]
     terms = []
 
@@ -357,7 +345,6 @@ def grid_sample(node: Node, ctx: LowerContext) -> Lowered:
     combos(0, [])
     clauses = lets + [f"n in 0:{xs[0]}", f"c in 0:{xs[1]}"] + \
         [f"{o[d]} in 0:{gs[1 + d]}" for d in range(k)]
-    from .onnx_ops_math import cast_to
     return Lowered(stmts + [f"{ref(ctx, y, ['n', 'c'] + o)} = "
                             f"{cast_to(dt, ' + '.join(terms))} where {', '.join(clauses)}"])
 
@@ -400,7 +387,6 @@ def affine_grid(node: Node, ctx: LowerContext) -> Lowered:
     terms = [f"double({ref(ctx, theta, ['n', 'c', str(j)])}) * {base(k - 1 - j)}"
              for j in range(k)]
     terms.append(f"double({ref(ctx, theta, ['n', 'c', str(k)])})")
-    from .onnx_ops_math import cast_to
     return Lowered([stmt(ctx, y, ["n"] + o + ["c"], "=",
                          cast_to(ctx.dtype(y), " + ".join(terms)))])
 
@@ -437,7 +423,6 @@ def dft(node: Node, ctx: LowerContext) -> Lowered:
     complex_in = xs[-1] == 2
     idx = idx_names(rank)
     k, m = idx[axis], "m"
-    src = idx[:axis] + [m] + idx[axis + 1:-1]
 
     def part(p: int, j: str) -> str:  # real (0) or imaginary (1) input at position j
         if p == 1 and not complex_in:
@@ -462,8 +447,6 @@ def dft(node: Node, ctx: LowerContext) -> Lowered:
     out = f"{acc}({', '.join(idx[:-1] + [idx[-1]])})"
     if inverse:
         out = f"{out} / {float(n)!r}"
-    from .onnx_ops_math import cast_to
-    del src
     return Lowered(stmts + [stmt(ctx, y, idx, "=", cast_to(ctx.dtype(y), out))])
 
 

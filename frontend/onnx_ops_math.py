@@ -33,6 +33,12 @@ def unsupported(node: Node, what: str) -> UnsupportedOpError:
     return UnsupportedOpError(f"node {node.name!r} ({node.op_type}): {what}")
 
 
+def str_attr(node: Node, key: str, default: str) -> str:
+    """A string attribute (onnx gives bytes) as ``str``."""
+    v = node.attr(key, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def idx_names(rank: int, prefix: str = "i") -> list[str]:
     return [f"{prefix}{d}" for d in range(rank)]
 
@@ -170,8 +176,7 @@ def _bitwise(fn: str):
         if dt not in INTS:
             raise unsupported(node, f"dtype {dt} of {node.inputs[0]!r} (integers only)")
         if node.op_type == "BitShift":
-            d = node.attr("direction", "")
-            d = d.decode() if isinstance(d, bytes) else d
+            d = str_attr(node, "direction", "")
             if d not in ("LEFT", "RIGHT"):
                 raise unsupported(node, f"direction {d!r} (LEFT or RIGHT)")
             name = "shl" if d == "LEFT" else "shr"
@@ -962,8 +967,7 @@ def _nll(node: Node, ctx: LowerContext, logp: Callable[[str], str], target: str,
     check_dtype_int = ctx.dtype(target)
     if check_dtype_int not in D.INTS:
         raise unsupported(node, f"target dtype {check_dtype_int} (expected int32 or int64)")
-    reduction = node.attr("reduction", "mean")
-    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    reduction = str_attr(node, "reduction", "mean")
     if reduction not in ("none", "sum", "mean"):
         raise unsupported(node, f"reduction={reduction!r} (expected none, sum or mean)")
     ignore = node.attr("ignore_index")

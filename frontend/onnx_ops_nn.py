@@ -38,6 +38,7 @@ from polyc import dtypes as D
 
 from .onnx_graph import LowerContext, Lowered, Node, literal, register
 from .onnx_layout import CHANNELS_LAST
+from .onnx_ops_math import str_attr
 from .onnx_ops_shape import affine, check_dtype, check_nonempty, lhs, names, read, \
     unsupported, where
 
@@ -45,9 +46,6 @@ FLOATS = D.FLOATS
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 
-def _str(node: Node, key: str, default: str) -> str:
-    v = node.attr(key, default)
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _ints(node: Node, key: str, n: int, default: int) -> list[int]:
@@ -71,7 +69,7 @@ class Window:
         self.dilations = _ints(node, "dilations", k, 1)
         if min(self.strides + self.dilations, default=1) < 1:
             raise unsupported(node, "strides and dilations must be >= 1")
-        auto = _str(node, "auto_pad", "NOTSET")
+        auto = str_attr(node, "auto_pad", "NOTSET")
         if auto not in AUTO_PADS:
             raise unsupported(node, f"auto_pad={auto!r} (supported: {', '.join(AUTO_PADS)})")
         if auto in ("SAME_UPPER", "SAME_LOWER"):
@@ -340,7 +338,7 @@ def conv_transpose(node: Node, ctx: LowerContext) -> Lowered:
     strides = _ints(node, "strides", k, 1)
     dil = _ints(node, "dilations", k, 1)
     out_pad = _ints(node, "output_padding", k, 0)
-    auto = _str(node, "auto_pad", "NOTSET")
+    auto = str_attr(node, "auto_pad", "NOTSET")
     if auto not in AUTO_PADS:
         raise unsupported(node, f"auto_pad={auto!r} (supported: {', '.join(AUTO_PADS)})")
     out_shape = node.attr("output_shape")

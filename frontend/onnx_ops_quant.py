@@ -130,9 +130,9 @@ def dynamic_quantize(node: Node, ctx: LowerContext) -> Lowered:
     return Lowered(stmts)
 
 
-def _zero_point_row(node: Node, ctx: LowerContext, i: int, idx: list[str], row: str | None,
-                    what: str) -> str:
-    """Input ``i`` (a zero point: scalar, or one per row of A / column of B) at ``row``."""
+def _zero_point(node: Node, ctx: LowerContext, i: int, row: str | None, what: str) -> str:
+    """Input ``i`` (a zero point: per tensor, or one per row of A / column of B / output
+    channel, read at ``row``) as an int32 expression; "0" when absent."""
     if not present(node, i):
         return "0"
     t = node.inputs[i]
@@ -144,7 +144,7 @@ def _zero_point_row(node: Node, ctx: LowerContext, i: int, idx: list[str], row: 
         return f"int32({ref(ctx, t, ['0'] * len(shape))})"
     if len(shape) == 1 and row is not None:
         return f"int32({ref(ctx, t, [row])})"
-    raise unsupported(node, f"{what} zero point of shape {list(shape)}")
+    raise unsupported(node, f"{what} zero point {t!r} of shape {list(shape)}")
 
 
 def _int_product(node: Node, ctx: LowerContext, a: str, b: str, out: str,
@@ -155,8 +155,8 @@ def _int_product(node: Node, ctx: LowerContext, a: str, b: str, out: str,
             raise unsupported(node, f"dtype {ctx.dtype(t)} of {t!r} (8- or 16-bit integers)")
     m = a_idx[-2] if ctx.rank(a) > 1 else None
     n = b_idx[-1] if ctx.rank(b) > 1 else None
-    za = _zero_point_row(node, ctx, azp, a_idx, m, "A's")
-    zb = _zero_point_row(node, ctx, bzp, b_idx, n, "B's")
+    za = _zero_point(node, ctx, azp, m, "A's")
+    zb = _zero_point(node, ctx, bzp, n, "B's")
     av = f"int32({ref(ctx, a, a_idx)})" + (f" - {za}" if za != "0" else "")
     bv = f"int32({ref(ctx, b, b_idx)})" + (f" - {zb}" if zb != "0" else "")
     return out_idx, f"({av}) * ({bv})"
@@ -190,24 +190,6 @@ def qlinear_matmul(node: Node, ctx: LowerContext) -> Lowered:
     return Lowered(stmts + [stmt(ctx, out, out_idx, "=", _saturated(q, ctx.dtype(out)))])
 
 
-def _conv_operand_zero(node: Node, ctx: LowerContext, i: int, per_channel: str | None
-                       ) -> str:
-    """A conv's zero point (input ``i``) as an int32 expression: per tensor, or per output
-    channel at index ``per_channel``."""
-    if not present(node, i):
-        return "0"
-    t = node.inputs[i]
-    v = small_const(ctx, t)
-    if v is not None:
-        return lit(int(v), "int32")
-    shape = ctx.shape(t)
-    if len(shape) == 0 or (len(shape) == 1 and shape[0] == 1):
-        return f"int32({ref(ctx, t, ['0'] * len(shape))})"
-    if len(shape) == 1 and per_channel is not None:
-        return f"int32({ref(ctx, t, [per_channel])})"
-    raise unsupported(node, f"zero point {t!r} of shape {list(shape)}")
-
-
 def _integer_conv(node: Node, ctx: LowerContext, x: str, w: str, xzp: int, wzp: int,
                   bias: str, target: str) -> list[str]:
     """The int32 convolution of ``(x - x_zero) * (w - w_zero)`` into ``target`` (the input
@@ -216,8 +198,8 @@ def _integer_conv(node: Node, ctx: LowerContext, x: str, w: str, xzp: int, wzp: 
     for t in (x, w):
         if ctx.dtype(t) not in ("int8", "uint8"):
             raise unsupported(node, f"dtype {ctx.dtype(t)} of {t!r} (int8 or uint8)")
-    zx = _conv_operand_zero(node, ctx, xzp, None)
-    zw = _conv_operand_zero(node, ctx, wzp, "m")
+    zx = _zero_point(node, ctx, xzp, None, "the input's")
+    zw = _zero_point(node, ctx, wzp, "m", "the weight's")
     pad = None
     if zx != "0":
         pad = cast_to(ctx.dtype(x), zx)

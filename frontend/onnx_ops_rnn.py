@@ -17,7 +17,7 @@ follow ONNX; LSTM's ``input_forget`` is refused.
 from __future__ import annotations
 
 from .onnx_graph import LowerContext, Lowered, Node, register
-from .onnx_ops_math import lit, present, ref, temp_stmt, unsupported
+from .onnx_ops_math import lit, present, ref, str_attr, temp_stmt, unsupported
 
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 _DEFAULTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
@@ -56,8 +56,7 @@ def recurrent(node: Node, ctx: LowerContext) -> Lowered:
     x, w, r = node.inputs[:3]
     dt = ctx.dtype(x)
     hidden = int(node.attr("hidden_size", 0) or ctx.shape(r)[-1])
-    direction = node.attr("direction", "forward")
-    direction = direction.decode() if isinstance(direction, bytes) else direction
+    direction = str_attr(node, "direction", "forward")
     dirs = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}.get(direction)
     if dirs is None:
         raise unsupported(node, f"direction {direction!r}")

@@ -34,6 +34,7 @@ from polyc.program import IndexCheck
 
 from .onnx_graph import LowerContext, Lowered, Node, UnsupportedOpError, View, \
     literal, register
+from .onnx_ops_math import str_attr
 
 #: TC type name of each polyc dtype (casts and declarations)
 TC_TYPE = {d.name: d.tc for d in D.BY_NAME.values()}
@@ -592,9 +593,6 @@ _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "asy
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
-def _str_attr(node: Node, key: str, default: str) -> str:
-    v = node.attr(key, default)
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _source_coords(mode: str, n_in: int, n_out: int, scale: float) -> np.ndarray:
@@ -688,6 +686,17 @@ def _scale_input(node: Node, ctx: LowerContext, i: int, what: str
     return None, ctx.name(t)
 
 
+def keys_weights(t: str, a: float = -0.75) -> list[str]:
+    """The weights of the taps ``floor(x) - 1 .. floor(x) + 2`` of Keys' cubic
+    convolution kernel (coefficient ``a``) at ``t = x - floor(x)`` (a double)."""
+    def far(v: str) -> str:
+        return f"((({a!r} * {v} - {5 * a!r}) * {v} + {8 * a!r}) * {v} - {4 * a!r})"
+
+    def near(v: str) -> str:
+        return f"((({a + 2!r}) * {v} - ({a + 3!r})) * {v} * {v} + 1.0)"
+    return [far(f"({t} + 1.0)"), near(t), near(f"(1.0 - {t})"), far(f"(2.0 - {t})")]
+
+
 def _resize_cubic(node: Node, ctx: LowerContext, resized: list[int], coordinate, clamp,
                   lets: list[str], idx: list[str], dt: str) -> Lowered:
     """Cubic resize: on each resized axis the four neighbours ``floor(x) - 1 .. + 2``
@@ -699,18 +708,11 @@ def _resize_cubic(node: Node, ctx: LowerContext, resized: list[int], coordinate,
     a = float(node.attr("cubic_coeff_a", -0.75))
     exclude = bool(node.attr("exclude_outside", 0))
     taps: dict[int, list[tuple[str, str]]] = {}
-
-    def far(v: str) -> str:
-        return f"(({a!r} * {v} - {5 * a!r}) * {v} + {8 * a!r}) * {v} - {4 * a!r}"
-
-    def near(v: str) -> str:
-        return f"(({a + 2!r}) * {v} - ({a + 3!r})) * {v} * {v} + 1.0"
     for d in resized:
         xv, fv = coordinate(d)
         t = f"t{d}"
         lets.append(f"{t} = {xv} - {fv}")
-        u = [f"({t} + 1.0)", t, f"(1.0 - {t})", f"(2.0 - {t})"]
-        ws = [far(u[0]), near(u[1]), near(u[2]), far(u[3])]
+        ws = keys_weights(t, a)
         pos = [f"int64({fv}) + {k - 1}" for k in range(4)]
         if exclude:  # weights of neighbours outside the input are 0, the rest rescaled
             ins = [f"({p} >= 0 && {p} < {xs[d]} ? 1.0 : 0.0)" for p in pos]
@@ -742,7 +744,7 @@ def _resize_params(node: Node, ctx: LowerContext
     scale, mode, coordinate mode, nearest mode), after the checks."""
     xs, ys = ctx.shape(node.inputs[0]), ctx.shape(node.outputs[0])
     r = len(xs)
-    mode = _str_attr(node, "mode", "nearest")
+    mode = str_attr(node, "mode", "nearest")
     if mode not in ("nearest", "linear", "bilinear", "cubic", "bicubic"):
         raise unsupported(node, f"mode={mode!r} (supported: nearest, linear, cubic)")
     mode = "cubic" if mode == "bicubic" else mode
@@ -760,9 +762,9 @@ def _resize_params(node: Node, ctx: LowerContext
         else:
             scales_in, runtime = _scale_input(node, ctx, 1, "scales")
     else:
-        coord = _str_attr(node, "coordinate_transformation_mode",
+        coord = str_attr(node, "coordinate_transformation_mode",
                           "half_pixel" if ctx.graph.opset >= 11 else "asymmetric")
-        nearest = _str_attr(node, "nearest_mode", "round_prefer_floor")
+        nearest = str_attr(node, "nearest_mode", "round_prefer_floor")
         if ctx.graph.opset < 11:
             nearest = "floor"  # Resize-10: asymmetric, floor
         if coord not in _COORD_MODES:
@@ -773,7 +775,7 @@ def _resize_params(node: Node, ctx: LowerContext
                                     f"{', '.join(_NEAREST_MODES)})")
         if node.attr("antialias", 0):
             raise unsupported(node, "antialias=1 is not supported")
-        policy = _str_attr(node, "keep_aspect_ratio_policy", "stretch")
+        policy = str_attr(node, "keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
             raise unsupported(node, f"keep_aspect_ratio_policy={policy!r} (supported: stretch)")
         if ctx.graph.opset < 11:

@@ -593,6 +593,7 @@ def contractions_in_float(graph: Graph, stats: Counter | None = None) -> Graph:
     stats = stats if stats is not None else Counter()
     tensors = dict(graph.tensors)
     nodes: list[Node] = []
+    node_names = {n.name for n in graph.nodes}
     changed = 0
     for n in graph.nodes:
         out = n.outputs[0] if n.outputs else ""
@@ -608,15 +609,18 @@ def contractions_in_float(graph: Graph, stats: Counter | None = None) -> Graph:
                 continue
             wide = _fresh(f"{x}_f32", tensors)
             tensors[wide] = TensorInfo(wide, "float32", tensors[x].shape)
-            nodes.append(Node(_fresh(f"{n.name}_widen_{len(ins)}", {m.name for m in nodes}),
-                              "Cast", (x,), (wide,), {"to": onnx.TensorProto.FLOAT}))
+            widen = _fresh(f"{n.name}_widen_{len(ins)}", node_names)
+            node_names.add(widen)
+            nodes.append(Node(widen, "Cast", (x,), (wide,), {"to": onnx.TensorProto.FLOAT}))
             ins.append(wide)
         wide_out = _fresh(f"{out}_f32", tensors)
         tensors[wide_out] = TensorInfo(wide_out, "float32", tensors[out].shape)
         nodes.append(_with(n, inputs=tuple(ins), outputs=(wide_out,)))
         to = onnx.TensorProto.FLOAT16 if tensors[out].dtype == "float16" else \
             onnx.TensorProto.BFLOAT16
-        nodes.append(Node(f"{n.name}_round", "Cast", (wide_out,), (out,), {"to": to}))
+        rounding = _fresh(f"{n.name}_round", node_names)
+        node_names.add(rounding)
+        nodes.append(Node(rounding, "Cast", (wide_out,), (out,), {"to": to}))
         changed += 1
     if not changed:
         return graph
