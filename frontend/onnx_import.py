@@ -33,6 +33,8 @@ from polyc import dtypes as D
 from polyc.errors import CompileError
 
 from .onnx_control import flatten_control_flow
+from .onnx_dynamic import DATA_DEPENDENT_OPS, Extent, count_of, dynamic_axes, is_data_dependent, propagate, \
+    with_count
 from .onnx_graph import Graph, Node, TensorInfo, UnsupportedOpError
 from .onnx_validate import OnnxValidationError, check_declared_dims, check_opsets, \
     check_outputs, expected_outputs
@@ -475,7 +477,7 @@ PARAMETER_SLOTS: dict[str, tuple[int, ...]] = {
                            "Upsample", "Trilu")},
     "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "ConstantOfShape": (0,),
     "CenterCropPad": (1,), "AffineGrid": (1,), "DFT": (1, 2), "Col2Im": (1, 2),
-    "Range": (0, 1, 2)}
+    "Range": (0, 1, 2), "NonMaxSuppression": (2,)}
 
 
 def parameter_inputs(model: str | os.PathLike | bytes | onnx.ModelProto) -> list[str]:
@@ -616,6 +618,8 @@ def _to_graph(proto: onnx.ModelProto, where: str, strict_error: str | None = Non
     inputs = [i.name for i in g.input if i.name not in constants]
     for name in inputs:
         add_tensor(name, "graph input")
+    names = used | set(constants) | {o for n in g.node for o in n.output} | set(inputs)
+    dynamic: dict[str, Extent] = {}
     nodes: list[Node] = []
     used_names: set[str] = set()
     for index, n in enumerate(g.node):
@@ -643,7 +647,22 @@ def _to_graph(proto: onnx.ModelProto, where: str, strict_error: str | None = Non
                     add_tensor(x, "initializer")
                 else:
                     add_tensor(x, f"input of node {name!r} ({n.op_type})")
+        if is_data_dependent(node, constants.get):  # one more output: the count
+            node = with_count(node, lambda t: t in names or t in tensors)
         expected = expected_outputs(node, shape_of, constants.get, opset)
+        if count_of(node) is not None or any(x in dynamic for x in node.inputs) or (
+                node.op_type in DATA_DEPENDENT_OPS and expected is not None):
+            # sizes that depend on data: the bounds polyc's rules give (onnx's inference
+            # leaves them symbolic, or takes them from one example's declared shapes)
+            found = propagate(node, dynamic, shape_of, constants.get)  # or refuse the node
+            _add_bounds(node, expected, tensors, infos)
+            dynamic.update(found)
+            count = count_of(node)
+            if count is not None:
+                for k, axis in dynamic_axes(node).items():
+                    if node.outputs[k]:
+                        rank = len(tensors[node.outputs[k]].shape)
+                        dynamic[node.outputs[k]] = Extent(axis % max(rank, 1), count, name)
         for o in node.outputs:
             if o:
                 producer[o] = name
@@ -661,6 +680,32 @@ def _to_graph(proto: onnx.ModelProto, where: str, strict_error: str | None = Non
                 constants[cname] = v.astype(want)
     return Graph(g.name or "model", tuple(nodes), tuple(inputs), tuple(outputs), tensors,
                  constants, opset)
+
+
+def _add_bounds(node: Node, expected: Sequence[Any] | None, tensors: dict[str, TensorInfo],
+                infos: Mapping[str, onnx.ValueInfoProto]) -> None:
+    """The outputs of a node whose sizes depend on data (see :mod:`.onnx_dynamic`), at
+    their bounds: the shapes ``expected`` by polyc's rules, the dtypes onnx inferred (the
+    count: int64)."""
+    count = count_of(node)
+    for k, o in enumerate(node.outputs):
+        if not o:
+            continue
+        shape = expected[k] if expected is not None and k < len(expected) else None
+        if shape is None:
+            raise UnsupportedOpError(f"node {node.name!r} ({node.op_type}): the size of its "
+                                     f"output {o!r} depends on data, and polyc cannot bound it")
+        vi = infos.get(o)
+        elem = vi.type.tensor_type.elem_type if vi is not None and \
+            vi.type.HasField("tensor_type") else 0
+        if o == count:
+            dtype = "int64"
+        elif elem in DTYPES:
+            dtype = DTYPES[elem]
+        else:
+            raise UnsupportedOpError(f"node {node.name!r} ({node.op_type}): output {o!r} has "
+                                     f"no dtype polyc supports")
+        tensors[o] = TensorInfo(o, dtype, tuple(int(d) for d in shape))
 
 
 def _dtype_of_numpy(dt: np.dtype, name: str, made_by: str) -> str:

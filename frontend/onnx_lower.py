@@ -33,6 +33,7 @@ from polyc.inline import inline_pointwise
 from polyc.ir import Kernel
 from polyc.program import Buffer, IndexCheck, Program, Step, alias_root
 
+from .onnx_dynamic import dynamic_extents
 from .onnx_graph import (
     REGISTRY,
     Graph,
@@ -66,6 +67,7 @@ def load_lowerings() -> None:
     from . import onnx_ops_quant  # noqa: F401
     from . import onnx_ops_rnn  # noqa: F401
     from . import onnx_ops_index  # noqa: F401
+    from . import onnx_ops_select  # noqa: F401
 
 
 def check_supported(graph: Graph) -> None:
@@ -205,6 +207,10 @@ class _ProgramBuilder:
         self.kernel_names: set[str] = set()
         #: weights that are no graph tensor (the values of constant graph outputs)
         self.extra: dict[str, tuple[TensorInfo, np.ndarray]] = {}
+        #: graph outputs whose extent depends on data, and their counts (outputs too)
+        found = dynamic_extents(graph)
+        self.extents = {o: found[o] for o in graph.outputs if o in found}
+        self.counts = list(dict.fromkeys(e.count for e in self.extents.values()))
 
     # -- groups -----------------------------------------------------------------------
     def lower_group(self, nodes: list[Node]) -> None:
@@ -255,7 +261,7 @@ class _ProgramBuilder:
         outputs = []
         for t in dict.fromkeys(produced):
             needed = t in graph.outputs or bool(self.users.get(t, set()) - in_group) \
-                or t in checked_inside
+                or t in checked_inside or t in self.counts
             if not needed:
                 continue
             _check_not_empty(t, ctx.shape(t), where)
@@ -394,7 +400,8 @@ class _ProgramBuilder:
                 self.add_copy(out, out)
             else:
                 raise InternalError(f"graph output {out!r} is computed by no step")
-        names: list[str] = list(graph.inputs) + list(graph.outputs)
+        outputs = list(dict.fromkeys(graph.outputs)) + self.counts
+        names: list[str] = list(graph.inputs) + outputs
         for s in self.steps:
             names.extend(s.args)
         for v, b in self.aliases:
@@ -404,7 +411,7 @@ class _ProgramBuilder:
         def kind(n: str) -> str:
             if n in graph.inputs:
                 return "input"
-            if n in graph.outputs:
+            if n in graph.outputs or n in self.counts:
                 return "output"
             if n in graph.constants:
                 return "weight"
@@ -422,9 +429,10 @@ class _ProgramBuilder:
                 weights.append((n, np.asarray(graph.constants[n], order="C")))
             kinds[n] = k
             buffers.append(Buffer(n, info.dtype, tuple(info.shape), k))
+        extents = tuple((o, e.axis, e.count) for o, e in self.extents.items())
         return Program(sanitize(graph.name), tuple(buffers), tuple(graph.inputs),
-                       tuple(graph.outputs), tuple(weights), tuple(self.steps),
-                       tuple(self.aliases), tuple(self.checks))
+                       tuple(graph.outputs) + tuple(self.counts), tuple(weights),
+                       tuple(self.steps), tuple(self.aliases), tuple(self.checks), extents)
 
 
 def lower_graph(graph: Graph, groups: list[list[Node]] | None = None,

@@ -29,6 +29,7 @@ from onnx import helper, numpy_helper
 
 from polyc import dtypes as D
 
+from .onnx_dynamic import DATA_DEPENDENT_OPS
 from .onnx_graph import Graph, Node, TensorInfo
 from .onnx_layout import choose_conv_layouts
 
@@ -38,7 +39,7 @@ NUMPY = {n: D.numpy_dtype(n) for n in D.ORDER}
 NONDETERMINISTIC = frozenset(["RandomNormal", "RandomUniform", "RandomNormalLike",
                               "RandomUniformLike", "Multinomial", "Bernoulli"])
 #: ops with subgraphs or state: never folded
-NO_FOLD = NONDETERMINISTIC | {"If", "Loop", "Scan"}
+NO_FOLD = NONDETERMINISTIC | {"If", "Loop", "Scan"} | DATA_DEPENDENT_OPS
 #: an output larger than this (bytes) is only folded if it is not much larger than the
 #: inputs (an Expand or Tile of a small constant is cheaper to compute than to store);
 #: ConstantOfShape is always folded (model weights are often such fills)

@@ -859,3 +859,60 @@ def _global_pool(v: NodeView) -> list[Shape | None] | None:
     if len(x) < 2:  # type: ignore[arg-type]
         raise v.error(f"the input {v.desc(0)} must have rank >= 2 (N, C, spatial...)")
     return [tuple(x[:2]) + (1,) * (len(x) - 2)]  # type: ignore[index, arg-type]
+
+
+# -- outputs whose extent depends on the data: their bounds (see onnx_dynamic) ------------
+
+def _with_count(v: NodeView, n: int, shapes: list[Shape | None]) -> list[Shape | None]:
+    """``shapes`` and, when the importer gave the node its count output, ``()``."""
+    return shapes + [()] if len(v.node.outputs) == n + 1 else shapes
+
+
+@_rule("NonZero")
+def _nonzero(v: NodeView) -> list[Shape | None] | None:
+    x = v.shape(0)
+    return _with_count(v, 1, [(len(x), element_count(x))])  # type: ignore[arg-type]
+
+
+@_rule("Compress")
+def _compress(v: NodeView) -> list[Shape | None] | None:
+    x, cond = v.shape(0), v.shape(1)
+    if len(cond) != 1:  # type: ignore[arg-type]
+        raise v.error(f"the condition {v.desc(1)} must be 1-D")
+    axis = v.attr("axis")
+    full = element_count(x) if axis is None else x[v.axis(int(axis), len(x),  # type: ignore
+                                                          f"the input {v.desc(0)}")]
+    if cond[0] > full:  # type: ignore[index]
+        raise v.error(f"the condition {v.desc(1)} is longer than the {full} entries it "
+                      f"selects from")
+    c = v.const(1)
+    n = cond[0] if c is None else int(np.count_nonzero(c))  # type: ignore[index]
+    if axis is None:
+        return _with_count(v, 1, [(n,)])
+    a = v.axis(int(axis), len(x), f"the input {v.desc(0)}")  # type: ignore[arg-type]
+    return _with_count(v, 1, [tuple(x[:a]) + (n,) + tuple(x[a + 1:])])  # type: ignore[index]
+
+
+@_rule("Unique")
+def _unique(v: NodeView) -> list[Shape | None] | None:
+    x = v.shape(0)
+    axis = v.attr("axis")
+    if axis is None:
+        n = element_count(x)  # type: ignore[arg-type]
+        return _with_count(v, 4, [(n,), (n,), (n,), (n,)])
+    a = v.axis(int(axis), len(x), f"the input {v.desc(0)}")  # type: ignore[arg-type]
+    n = x[a]  # type: ignore[index]
+    return _with_count(v, 4, [tuple(x), (n,), (n,), (n,)])  # type: ignore[arg-type]
+
+
+@_rule("NonMaxSuppression")
+def _nms(v: NodeView) -> list[Shape | None] | None:
+    boxes, scores = v.shape(0), v.shape(1)
+    if len(boxes) != 3 or boxes[2] != 4:  # type: ignore[arg-type, index]
+        raise v.error(f"the boxes {v.desc(0)} must be [batches, boxes, 4]")
+    if len(scores) != 3 or scores[0] != boxes[0] or scores[2] != boxes[1]:  # type: ignore
+        raise v.error(f"the scores {v.desc(1)} must be [batches, classes, boxes] for the "
+                      f"boxes {v.desc(0)}")
+    k = v.ints(2)
+    per_class = boxes[1] if k is None else max(0, min(k[0], boxes[1]))  # type: ignore[index]
+    return _with_count(v, 1, [(boxes[0] * scores[1] * per_class, 3)])  # type: ignore[index]

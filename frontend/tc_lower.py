@@ -29,6 +29,7 @@ import islpy as isl
 
 from polyc import expr as E
 from polyc.errors import RangeInferenceError, SemanticError
+from polyc.guards import guards_to_domains
 from polyc.ir import Access, Array, Kernel, Statement, make_domain, params_prefix
 from polyc.ir import reduction_identity as identity
 
@@ -71,9 +72,10 @@ class DefLowering:
         names = [p.name for p in self.d.params] + [r.name for r in self.d.returns] + self.temps
         arrays = tuple(Array(n, self.tensors[n].dtype, self.tensors[n].shape,
                              self.tensors[n].role) for n in names)
-        return Kernel(self.d.name, tuple(self.sizes), arrays, tuple(self.statements),
-                      tuple(p.name for p in self.d.params),
-                      tuple(r.name for r in self.d.returns))
+        return guards_to_domains(Kernel(self.d.name, tuple(self.sizes), arrays,
+                                        tuple(self.statements),
+                                        tuple(p.name for p in self.d.params),
+                                        tuple(r.name for r in self.d.returns)))
 
     # -- signature ----------------------------------------------------------------------
 

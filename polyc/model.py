@@ -64,7 +64,12 @@ class CompiledModel:
         self.library_path, self.header_path = library_path, header_path
         self.weights_path, self.source_path = weights_path, source_path
         self._library = library_class(loaded_path, source, weights_path)
-        self._output_index = {t.name: i for i, t in enumerate(source.outputs)}
+        counts = program.counts()
+        self._outputs = tuple(t for t in source.outputs if t.name not in counts)
+        self._output_index = {t.name: i for i, t in enumerate(self._outputs)}
+        # outputs whose extent depends on data: (output index, axis, index of its count)
+        where = {t.name: i for i, t in enumerate(source.outputs)}
+        self._extents = tuple((where[o], axis, where[c]) for o, axis, c in program.extents)
 
     @property
     def name(self) -> str:
@@ -76,7 +81,27 @@ class CompiledModel:
 
     @property
     def output_names(self) -> list[str]:
-        return [t.name for t in self.source.outputs]
+        return [t.name for t in self._outputs]
+
+    @property
+    def dynamic_outputs(self) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """The outputs whose extent depends on the data (NonZero, Unique...): name ->
+        (the axis, the shape at most). In C they are written at that shape, with their
+        counts as more outputs (see the header); :meth:`run` cuts them to size."""
+        return {self.source.outputs[i].name: (axis, tuple(self.source.outputs[i].shape))
+                for i, axis, _ in self._extents}
+
+    def _finish(self, outs: list[np.ndarray]) -> list[np.ndarray]:
+        """The library's outputs with the dynamic ones cut to their counts, and without
+        the counts."""
+        if not self._extents:
+            return outs
+        for i, axis, c in self._extents:
+            n = int(outs[c].reshape(-1)[0])
+            cut = (slice(None),) * axis + (slice(0, n),)
+            outs[i] = np.ascontiguousarray(outs[i][cut])
+        counts = {c for _, _, c in self._extents}
+        return [o for k, o in enumerate(outs) if k not in counts]
 
     @property
     def c_source(self) -> str:
@@ -109,7 +134,7 @@ class CompiledModel:
 
         Raises :class:`RunError` (a :class:`polyc.CallError`) when an input value is out
         of range -- an index a Gather reads at run time -- naming the node."""
-        outs = self._library.run_feed(input_feed)
+        outs = self._finish(self._library.run_feed(input_feed))
         if output_names is None:
             return outs
         if isinstance(output_names, str):
@@ -134,10 +159,10 @@ class CompiledModel:
             if not (flags.c_contiguous and flags.aligned):
                 break
         else:
-            return tuple(self._library.run(inputs))
+            return tuple(self._finish(self._library.run(inputs)))
         arrays = [check_array(t, x, f"input {t.name!r} (argument {i})")
                   for i, (t, x) in enumerate(zip(self.source.inputs, inputs))]
-        return tuple(self._library.run(arrays))
+        return tuple(self._finish(self._library.run(arrays)))
 
     def close(self) -> None:
         """Free the model's weights now (later calls raise :class:`polyc.CallError`)."""
@@ -147,7 +172,7 @@ class CompiledModel:
         def show(ts: Sequence[Any]) -> str:
             return ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in ts)
         return f"<polyc.CompiledModel {self.name}({show(self.source.inputs)}) -> " \
-               f"({show(self.source.outputs)})>"
+               f"({show(self._outputs)})>"
 
 
 def build_model(program: Program, options: Options | None = None, *, name: str | None = None,

@@ -11,6 +11,9 @@ kernel function per :class:`Step`, in order, with the step's buffers as argument
   buffer of each of ``kernel.inputs + kernel.outputs``, in that order.
 * **alias**: ``(view, base)``: ``view`` is ``base`` with another shape (a Reshape,
   Flatten, Squeeze, Unsqueeze, Identity...): same elements, same storage, no code.
+* **extent**: an output whose extent along one axis depends on the data (NonZero,
+  Unique...) is computed at its bound; another output, an int64 scalar, counts its
+  valid entries along that axis (:attr:`Program.extents`).
 * **check**: an :class:`IndexCheck`: before (or after) a step, every element of an
   integer buffer must lie in a range -- the indices a Gather reads at run time -- or the
   run stops with an error that names the node (``<model>_run`` returns 4, the message
@@ -88,6 +91,14 @@ class Program:
     aliases: tuple[tuple[str, str], ...] = ()
     #: run-time checks of index values (see :class:`IndexCheck`), in step order
     checks: tuple[IndexCheck, ...] = ()
+    #: ``(output, axis, count)``: ``output``'s extent along ``axis`` depends on the data
+    #: -- it is computed at its largest, and the int64 scalar output ``count`` says how
+    #: many entries along that axis are valid (the rest are zeros)
+    extents: tuple[tuple[str, int, str], ...] = ()
+
+    def counts(self) -> frozenset[str]:
+        """The outputs that are counts of other outputs (see :attr:`extents`)."""
+        return frozenset(c for _, _, c in self.extents)
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:

@@ -164,7 +164,8 @@ def _top(name: str) -> str:
 
 THIRD_PARTY = {"frontend": {"numpy", "islpy", "onnx", "pycparser"}, "codegen": {"numpy", "islpy", "cgen"}}
 ALLOWED_CORE = {"frontend": {"polyc.ir", "polyc.expr", "polyc.dtypes", "polyc.errors",
-                             "polyc.program", "polyc.inline", "polyc.limits"},
+                             "polyc.program", "polyc.inline", "polyc.limits",
+                             "polyc.guards"},
                 "codegen": {"polyc.ir", "polyc.expr", "polyc.dtypes", "polyc.errors",
                             "polyc.options", "polyc.program", "polyc.limits"}}
 WIRING = {"polyc.pipeline", "polyc.api", "polyc.cli", "polyc", "polyc.__main__", "polyc.model",

@@ -122,7 +122,8 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
             node = tiling.tile_band(node, sizes)
             did_tile = True
             if (not parallel_done and options.parallel and not any(tiling.coincident_flags(node))
-                    and machine.threads(options.threads) > 1):
+                    and machine.threads(options.threads) > 1
+                    and _reductions_apart(node, kernel)):
                 # no parallel loop (a skewed stencil's time tiles): a wavefront of tiles
                 node = tiling.wavefront(node).insert_mark(isl.Id(PARALLEL)).child(0)
                 marks_above += 2
@@ -264,6 +265,27 @@ def _parallel_first(tiles: isl.ScheduleNode, sizes: list[int],
     if best is None:
         return tiles
     return tiling.permute_band(tiles, [best] + [i for i in range(len(flags)) if i != best])
+
+
+def _reductions_apart(band: isl.ScheduleNode, kernel: Kernel) -> bool:
+    """No two points of ``band`` update the same element through a reduction.
+
+    A wavefront runs the tiles of one anti-diagonal at once. That is legal when every
+    dependence has non-negative distances along the band's members (a permutable band),
+    except for the updates of a reduction: their order is free (the scheduler is told
+    so), yet two of them must not run at once. A sum into a scalar over the band's
+    points (NonMaxSuppression's count of kept boxes) would race."""
+    sched = band.band_get_partial_schedule_union_map()
+    for st in kernel.statements:
+        if st.op == "=":
+            continue
+        mine = sched.intersect_domain(isl.UnionSet.from_set(st.domain))
+        if mine.is_empty():
+            continue
+        writes = isl.UnionMap.from_map(st.write.relation(st.domain))
+        if not mine.reverse().apply_range(writes).is_injective():
+            return False
+    return True
 
 
 def _is_tiny(node: isl.ScheduleNode, kernel: Kernel) -> bool:

@@ -1,0 +1,53 @@
+"""polyc.guards: affine guards of reductions (iterator against iterator) become domain
+constraints; everything else stays as written."""
+from __future__ import annotations
+
+import islpy as isl
+import numpy as np
+import pytest
+
+import polyc
+from polyc.frontend import from_tc
+
+
+def _domain(kernel, k):
+    return kernel.statements[k].domain
+
+
+def test_triangle_moves_into_the_domain():
+    k = from_tc("def f(float(9) X) -> (Y) {\n"
+                " Y(i) +=! (j < i && X(j) > 0.0) ? X(j) : 0.0 where i in 0:9, j in 0:9\n}")
+    want = isl.Set("{ S1[i, j] : 0 <= j < i <= 8 }")
+    assert _domain(k, 1).is_equal(want)
+    x = np.random.default_rng(0).standard_normal(9).astype(np.float32)
+    y = polyc.define("def f(float(9) X) -> (Y) {\n Y(i) +=! (j < i && X(j) > 0.0) ? X(j) : 0.0 "
+                     "where i in 0:9, j in 0:9\n}")(x)
+    want_y = [np.where(x[:i] > 0, x[:i], 0).sum() for i in range(9)]
+    np.testing.assert_allclose(y, want_y, rtol=1e-6)
+
+
+@pytest.mark.parametrize("src", [
+    # the other branch is not the identity: every instance counts
+    "def f(float(9) X) -> (Y) { Y(i) +=! (j < i) ? X(j) : 1.0 where i in 0:9, j in 0:9 }",
+    # a bound against a constant (padding) stays a guard
+    "def f(float(9) X) -> (Y) { Y(i) +=! (i + j - 1 >= 0) ? X(j) : 0.0 where i in 0:9, "
+    "j in 0:9 }",
+    # not a reduction
+    "def f(float(9) X) -> (Y) { Y(i) = (i < 4) ? X(i) : 0.0 }"])
+def test_other_guards_stay(src):
+    k = from_tc(src)
+    last = k.statements[-1]
+    assert "Select" in type(last.value).__name__
+    box = isl.Set("{ [i, j] : 0 <= i <= 8 and 0 <= j <= 8 }" if len(last.iterators) == 2
+                  else "{ [i] : 0 <= i <= 8 }")
+    assert last.domain.reset_tuple_id().is_equal(box)
+
+
+def test_max_reduction_with_its_identity():
+    k = from_tc("def f(float(7) X) -> (Y) {\n"
+                " Y(i) max=! (j <= i) ? X(j) : (-1.0/0.0) where i in 0:7, j in 0:7\n}")
+    assert _domain(k, 1).is_equal(isl.Set("{ S1[i, j] : 0 <= j <= i <= 6 }"))
+    x = np.random.default_rng(1).standard_normal(7).astype(np.float32)
+    f = polyc.define("def f(float(7) X) -> (Y) {\n Y(i) max=! (j <= i) ? X(j) : (-1.0/0.0) "
+                     "where i in 0:7, j in 0:7\n}")
+    np.testing.assert_array_equal(f(x), np.maximum.accumulate(x))
