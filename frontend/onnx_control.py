@@ -10,8 +10,11 @@
   (ONNX operators have no side effects, so computing the branch not taken is only work);
   with a constant condition only the branch taken is.
 
+* ``Loop`` with a static trip count: unrolled, each copy of the body under the
+  loop's running condition (see :func:`_unroll_loop`).
+
 Branches or bodies that produce sequences or optionals are left alone (polyc then names
-the op as unsupported).
+the op as unsupported), and so is a Loop without a static trip count.
 """
 from __future__ import annotations
 
@@ -20,8 +23,16 @@ import onnx
 from onnx import helper, numpy_helper
 
 
+#: the most iterations a Loop is unrolled to (each is a copy of its body)
+MAX_LOOP_TRIPS = 1024
+#: why a Scan, Loop or If was left in the graph
+NOT_FLATTENED = ("its body could not be flattened into the graph (sequences or optionals, "
+                 "a scan length or trip count that is not static or over "
+                 f"{MAX_LOOP_TRIPS}, a loop that runs no step, or opset 8's batched Scan)")
+
+
 def flatten_control_flow(proto: onnx.ModelProto, shapes: dict[str, list[int]]) -> bool:
-    """Replace the Scan and If nodes of ``proto``'s graph in place (``shapes``: the
+    """Replace the Scan, Loop and If nodes of ``proto``'s graph in place (``shapes``: the
     static dims of the graph's tensors); True if anything changed."""
     g = proto.graph
     opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
@@ -35,6 +46,8 @@ def flatten_control_flow(proto: onnx.ModelProto, shapes: dict[str, list[int]]) -
         made = None
         if n.op_type == "Scan" and opset >= 9 and n.domain in ("", "ai.onnx"):
             made = _unroll_scan(n, shapes, opset, inits)
+        elif n.op_type == "Loop" and n.domain in ("", "ai.onnx"):
+            made = _unroll_loop(n, made_by, consts, shapes, opset, inits)
         elif n.op_type == "If" and n.domain in ("", "ai.onnx"):
             cond = _static_value(n.input[0], made_by, consts, shapes, opset)
             if cond is not None:
@@ -57,6 +70,8 @@ def _static_value(name: str, made_by: dict[str, onnx.NodeProto],
                   opset: int) -> np.ndarray | None:
     """The value of ``name`` when it depends only on constants and on the (static) shapes
     of tensors (an If whose condition tests a rank or an extent), else None."""
+    if name in consts:
+        return np.asarray(consts[name])
     nodes: list[onnx.NodeProto] = []
     seen: set[str] = set()
 
@@ -94,7 +109,10 @@ def _static_value(name: str, made_by: dict[str, onnx.NodeProto],
 
 
 def _tensor_only(graph: onnx.GraphProto) -> bool:
-    return all(v.type.HasField("tensor_type") for v in list(graph.input) + list(graph.output))
+    """No sequence, map or optional among the graph's inputs and outputs (a value
+    declared without a type counts as a tensor: shape inference says what it is)."""
+    return all(not v.HasField("type") or v.type.HasField("tensor_type")
+               for v in list(graph.input) + list(graph.output))
 
 
 def _copy_body(body: onnx.GraphProto, prefix: str, names: dict[str, str],
@@ -200,6 +218,120 @@ def _unroll_scan(n: onnx.NodeProto, shapes: dict[str, list[int]], opset: int,
         nodes.append(helper.make_node("Concat", parts, [out], name=f"{base}/out{k}",
                                       axis=axis))
     return nodes
+
+
+
+
+def _unroll_loop(n: onnx.NodeProto, made_by: dict[str, onnx.NodeProto],
+                 consts: dict[str, np.ndarray], shapes: dict[str, list[int]], opset: int,
+                 inits: list[onnx.TensorProto]) -> list[onnx.NodeProto] | None:
+    """A Loop with a static trip count ``M``, unrolled into ``M`` copies of its body.
+
+    When the loop's condition is known true at every step (no condition, or a constant
+    one the body passes on unchanged) every copy runs. Otherwise each copy runs under a
+    flag -- the initial condition, then each step's ``cond_out`` and-ed in -- its
+    states advancing only while the flag holds (``Where``), and each scan output keeps
+    the steps that ran: ``Compress`` by the flags, an output whose length depends on
+    the data (see :mod:`.onnx_dynamic`)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    body = attrs["body"]
+    if not _tensor_only(body) or not n.input or not n.input[0]:
+        return None  # sequences, or no trip count (a while loop): not unrolled
+    trips = _static_value(n.input[0], made_by, consts, shapes, opset)
+    if trips is None:
+        return None
+    trips = int(np.asarray(trips).reshape(-1)[0])
+    if not 0 < trips <= MAX_LOOP_TRIPS:
+        return None
+    cond_in = n.input[1] if len(n.input) > 1 else ""
+    first = True if not cond_in else _static_value(cond_in, made_by, consts, shapes, opset)
+    n_state = len(n.input) - 2
+    b_iter, b_cond = body.input[0].name, body.input[1].name
+    b_cond_out = body.output[0].name
+    passes_on = _passes_on(body, b_cond_out, b_cond)
+    static = first is not None and bool(np.asarray(first).reshape(-1)[0]) and passes_on
+    if first is not None and not bool(np.asarray(first).reshape(-1)[0]):
+        return None  # no step runs: the scan outputs are empty
+    base = n.name or f"loop_{n.output[0]}"
+    nodes: list[onnx.NodeProto] = []
+    seen: set[str] = set()
+    state = list(n.input[2:])
+    k_out = len(body.output) - 1 - n_state
+    collected: list[list[str]] = [[] for _ in range(k_out)]
+    flags: list[str] = []
+    true = _const(f"{base}/true", np.array(True), inits)
+    active = true if static or not cond_in else cond_in
+    for t in range(trips):
+        prefix = f"{base}/iter{t}/"
+        names = {b_iter: _const(f"{prefix}iteration", np.array(t, np.int64), inits),
+                 b_cond: active}
+        for i, v in enumerate(body.input[2:2 + n_state]):
+            names[v.name] = state[i]
+        nodes += _copy_body(body, prefix, names, inits, seen)
+        outs = [names.get(o.name, o.name) for o in body.output]
+        if static:
+            state = outs[1:1 + n_state]
+        else:
+            flags.append(active)
+            held = []
+            for i, v in enumerate(outs[1:1 + n_state]):
+                h = f"{prefix}state{i}"
+                nodes.append(helper.make_node("Where", [active, v, state[i]], [h], name=h))
+                held.append(h)
+            state = held
+            nxt = f"{prefix}running"
+            nodes.append(helper.make_node("And", [active, outs[0]], [nxt], name=nxt))
+            active = nxt
+        for k in range(k_out):
+            collected[k].append(outs[1 + n_state + k])
+    for i in range(n_state):
+        if n.output[i]:
+            nodes.append(helper.make_node("Identity", [state[i]], [n.output[i]],
+                                          name=f"{base}/state{i}"))
+    if not static and any(n.output[n_state:]):
+        mask = f"{base}/ran"
+        parts = []
+        for t, f in enumerate(flags):
+            u = f"{base}/ran{t}"
+            nodes.append(_unsqueeze0(f, u, opset, inits))
+            parts.append(u)
+        nodes.append(helper.make_node("Concat", parts, [mask], name=mask, axis=0))
+    for k in range(k_out):
+        out = n.output[n_state + k]
+        if not out:
+            continue
+        parts = []
+        for t, e in enumerate(collected[k]):
+            u = f"{base}/out{k}/{t}"
+            nodes.append(_unsqueeze0(e, u, opset, inits))
+            parts.append(u)
+        stacked = out if static else f"{base}/out{k}/all"
+        nodes.append(helper.make_node("Concat", parts, [stacked], name=f"{base}/out{k}",
+                                      axis=0))
+        if not static:
+            nodes.append(helper.make_node("Compress", [stacked, mask], [out],
+                                          name=f"{base}/out{k}/ran", axis=0))
+    return nodes
+
+
+def _passes_on(body: onnx.GraphProto, out: str, inp: str) -> bool:
+    """The body's ``out`` is its input ``inp``, directly or through Identity nodes."""
+    made = {o: x for x in body.node for o in x.output}
+    seen = set()
+    while out != inp and out not in seen:
+        seen.add(out)
+        x = made.get(out)
+        if x is None or x.op_type != "Identity":
+            return False
+        out = x.input[0]
+    return out == inp
+
+
+def _unsqueeze0(x: str, out: str, opset: int, inits: list[onnx.TensorProto]) -> onnx.NodeProto:
+    if opset >= 13:
+        ax = _const(f"{out}/axes", np.array([0], np.int64), inits)
+        return helper.make_node("Unsqueeze", [x, ax], [out], name=out)
+    return helper.make_node("Unsqueeze", [x], [out], name=out, axes=[0])
 
 
 def _inline_if(n: onnx.NodeProto, consts: dict[str, np.ndarray],

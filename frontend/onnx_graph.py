@@ -85,6 +85,10 @@ class Lowered:
     #: statements that only declare a temporary for TC (read before the statement that
     #: computes it, in a shared loop): dropped from the kernel
     scaffold: tuple[int, ...] = ()
+    #: ``(temporary, k)``: a temporary indexed first by a shared loop's iterator whose
+    #: steps read only the last ``k`` steps' values: stored in ``k`` slots (see
+    #: :func:`polyc.rewrite.fold_storage`)
+    rolling: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 from polyc import dtypes as D
 from polyc.errors import CompileError
 
-from .onnx_control import flatten_control_flow
+from .onnx_control import NOT_FLATTENED, flatten_control_flow
 from .onnx_dynamic import DATA_DEPENDENT_OPS, Extent, count_of, dynamic_axes, is_data_dependent, propagate, \
     with_count
 from .onnx_graph import Graph, Node, TensorInfo, UnsupportedOpError
@@ -399,6 +399,11 @@ def _fold_for_shapes(proto: onnx.ModelProto) -> bool:
     if changed:
         del g.node[:]
         g.node.extend(keep)
+        # shape inference keeps a value_info it inferred before, even when the folded
+        # values now give a static shape: forget the ones that are not static
+        stale = [vi for vi in g.value_info if not _static(vi)]
+        for vi in stale:
+            g.value_info.remove(vi)
     return changed
 
 
@@ -477,7 +482,7 @@ PARAMETER_SLOTS: dict[str, tuple[int, ...]] = {
                            "Upsample", "Trilu")},
     "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "ConstantOfShape": (0,),
     "CenterCropPad": (1,), "AffineGrid": (1,), "DFT": (1, 2), "Col2Im": (1, 2),
-    "Range": (0, 1, 2), "NonMaxSuppression": (2,)}
+    "Range": (0, 1, 2), "NonMaxSuppression": (2,), "Loop": (0,)}
 
 
 def parameter_inputs(model: str | os.PathLike | bytes | onnx.ModelProto) -> list[str]:
@@ -487,9 +492,35 @@ def parameter_inputs(model: str | os.PathLike | bytes | onnx.ModelProto) -> list
     proto, _ = read_model(model)
     inits = {t.name for t in proto.graph.initializer}
     graph_inputs = [i.name for i in proto.graph.input if i.name not in inits]
-    used = {n.input[k] for n in proto.graph.node for k in PARAMETER_SLOTS.get(n.op_type, ())
-            if n.domain in ("", "ai.onnx") and k < len(n.input) and n.input[k]}
+    slots = [n.input[k] for n in proto.graph.node for k in PARAMETER_SLOTS.get(n.op_type, ())
+             if n.domain in ("", "ai.onnx") and k < len(n.input) and n.input[k]]
+    # a parameter computed from graph inputs (a Loop's trip count from Range's start,
+    # limit and delta) makes them parameters too; Shape and Size read only shapes
+    made_by = {o: n for n in proto.graph.node for o in n.output if o}
+    used: set[str] = set()
+    todo = list(slots)
+    while todo:
+        t = todo.pop()
+        if t in used:
+            continue
+        used.add(t)
+        n = made_by.get(t)
+        if n is not None and n.op_type not in ("Shape", "Size"):
+            todo.extend(x for x in n.input if x)
     return [name for name in graph_inputs if name in used]
+
+
+def check_tensor_interface(proto: onnx.ModelProto) -> None:
+    """Refuse a graph input or output that is not a tensor (a sequence, map or optional)."""
+    for kind, values in (("input", proto.graph.input), ("output", proto.graph.output)):
+        for v in values:
+            if v.HasField("type") and not v.type.HasField("tensor_type"):
+                what = v.type.WhichOneof("value")
+                what = what.replace("_type", "")
+                article = "an" if what[0] in "aeiou" else "a"
+                raise UnsupportedOpError(f"graph {kind} {v.name!r} is {article} {what}, not a "
+                                         f"tensor (sequences, maps and optionals are not "
+                                         f"supported)")
 
 
 def fix_inputs(model: str | os.PathLike | bytes | onnx.ModelProto,
@@ -631,6 +662,8 @@ def _to_graph(proto: onnx.ModelProto, where: str, strict_error: str | None = Non
             name = f"{base}_{k}"
             k += 1
         used_names.add(name)
+        if n.op_type in ("If", "Loop", "Scan") and n.domain in STANDARD_DOMAINS:
+            raise UnsupportedOpError(f"node {name!r} ({n.op_type}): {NOT_FLATTENED}")
         if n.op_type == "Constant":
             value = _constant_value(n)
             out = n.output[0]

@@ -32,6 +32,7 @@ from polyc.errors import CompileError, InternalError
 from polyc.inline import inline_pointwise
 from polyc.ir import Kernel
 from polyc.program import Buffer, IndexCheck, Program, Step, alias_root
+from polyc.rewrite import fold_storage
 
 from .onnx_dynamic import dynamic_extents
 from .onnx_graph import (
@@ -68,6 +69,7 @@ def load_lowerings() -> None:
     from . import onnx_ops_rnn  # noqa: F401
     from . import onnx_ops_index  # noqa: F401
     from . import onnx_ops_select  # noqa: F401
+    from . import onnx_ops_sequence  # noqa: F401
 
 
 def check_supported(graph: Graph) -> None:
@@ -281,6 +283,9 @@ class _ProgramBuilder:
         text = f"def {kname}({params}) -> ({rets}) {{\n{body}\n}}\n"
         kernel = self.compile_tc(text, where)
         kernel = _share_loops(kernel, results)
+        for r in results:
+            for temp, slots in r.rolling:
+                kernel = fold_storage(kernel, temp, slots)
         self.verify(kernel, ctx, where, text)
         kernel = inline_pointwise(kernel)
         args = inputs + [t for _, t in views] + outputs

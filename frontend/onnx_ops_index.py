@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from polyc import dtypes as D
 
+from .onnx_control import NOT_FLATTENED
 from .onnx_graph import LowerContext, Lowered, Node, register
 from .onnx_ops_math import cast_to, idx_names, lit, norm_axis, present, ref, stmt, str_attr, \
     temp_stmt, unsupported
@@ -497,10 +498,10 @@ def bit_cast(node: Node, ctx: LowerContext) -> Lowered:
     return Lowered([stmt(ctx, y, idx, "=", f"bits_{dst}({ref(ctx, x, idx)})")])
 
 
-@register("Scan", "If")
+@register("Scan", "If", "Loop")
 def control_flow(node: Node, ctx: LowerContext) -> Lowered:
-    """Scan and If are flattened into the graph at import (``onnx_control``); one that
-    reaches the lowering could not be (a sequence or optional value, a scan length that
-    is not static, opset 8's batched Scan)."""
-    raise unsupported(node, "its body could not be flattened into the graph (sequences or "
-                            "optionals, a non-static scan length, or opset 8's batched Scan)")
+    """Scan, Loop and If are flattened into the graph at import (``onnx_control``); one
+    that reaches the lowering could not be (a sequence or optional value, a scan length
+    or trip count that is not static, a loop that runs no step, opset 8's batched
+    Scan)."""
+    raise unsupported(node, NOT_FLATTENED)

@@ -100,12 +100,14 @@ class PolycBackend(Backend):
         if not cls.supports_device(device):
             raise ValueError(f"polyc runs models on the CPU only, not on {device!r}")
         super().prepare(model, device, **kwargs)
-        from .frontend.onnx_import import parameter_inputs, read_model
+        from .frontend.onnx_import import check_tensor_interface, parameter_inputs, \
+            read_model
         args = dict(shapes=kwargs.get("shapes"), options=kwargs.get("options"),
                     progress=kwargs.get("progress", False), name=kwargs.get("name"))
         params = parameter_inputs(model)
         if params:
             proto, _ = read_model(model)
+            check_tensor_interface(proto)  # refused now, not at the first run
             inits = {t.name for t in proto.graph.initializer}
             inputs = [i.name for i in proto.graph.input if i.name not in inits]
             return PolycBackendRep(None, proto, params, inputs, args)

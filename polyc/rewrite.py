@@ -419,3 +419,99 @@ def rfactor(kernel: Kernel, stmt: str, loop: str, factor: int) -> tuple[Kernel, 
     arrays = kernel.arrays + (Array(rf, a.dtype, a.shape + (E.Const(factor),), "temp"),)
     stmts, positions = _insert(kernel, stmt, [init], [part], [final])
     return _rebuilt(kernel, stmts, positions, arrays), (init_name, final_name), rf
+
+
+# -- storage folding ------------------------------------------------------------------
+
+def fold_storage(kernel: Kernel, array: str, slots: int) -> Kernel:
+    """A temporary indexed first by a loop's step (a recurrence's state) stored in
+    ``slots`` steps: index ``t - c`` becomes ``(t + slots - c) % slots``.
+
+    Each step must read only the ``slots`` last steps' values, so that a slot is never
+    overwritten before its last read. Checked on the accesses: every write's first index
+    is the statement's first iterator (the step ``t``), and they all run in one loop
+    (one statement, or statements sharing their outer loop: ``kernel.order``); every
+    read's is ``t - c`` with ``0 <= c < slots`` in a statement of that loop, or a
+    constant among the last ``slots`` steps (the final state, read after the loop).
+    The dependences of the new kernel (the slots' reuse adds anti and output
+    dependences) are computed from scratch, so the schedule is checked as any other.
+    With as many slots as steps, the kernel is returned as it is."""
+    a = kernel.array(array)
+    if a.role != "temp":
+        raise ScheduleError(f"fold_storage: {array!r} is not a temporary")
+    try:
+        steps = int(E.evaluate(a.shape[0], {}))
+    except (ValueError, KeyError):
+        raise ScheduleError(f"fold_storage: {array!r} has no constant first extent") from None
+    if slots < 1:
+        raise ScheduleError(f"fold_storage: {slots} slots for {array!r}")
+    if slots >= steps:
+        return kernel  # nothing to fold
+
+    def offset(e: E.Expr, it: str) -> int | None:
+        """c when ``e`` is ``it - c`` (or ``it``), else None."""
+        if e == E.Index(it):
+            return 0
+        if isinstance(e, E.Binary) and e.op == "-" and e.a == E.Index(it) \
+                and isinstance(e.b, E.Const) and isinstance(e.b.value, int):
+            return int(e.b.value)
+        return None
+
+    def folded(e: E.Expr, it: str | None) -> E.Expr:
+        if slots == 1:
+            return E.Const(0)
+        c = None if it is None else offset(e, it)
+        if c is not None:
+            return E.Binary("%", E.Binary("+", E.Index(it), E.Const(slots - c)) if c else
+                            E.Index(it), E.Const(slots))
+        return E.Const(int(E.evaluate(e, {})) % slots)
+
+    writers = {_loop_of(kernel, s) for s in kernel.statements if s.write.array == array}
+
+    def check_read(r: E.Read, s: Statement) -> None:
+        it = s.iterators[0] if s.iterators else None
+        e = r.indices[0]
+        c = None if it is None else offset(e, it)
+        if c is not None and 0 <= c < slots and writers == {_loop_of(kernel, s)}:
+            return
+        try:
+            v = int(E.evaluate(e, {}))
+        except (ValueError, KeyError):
+            v = None
+        if v is not None and steps - slots <= v < steps:
+            return
+        raise ScheduleError(f"fold_storage: {s.name} reads {array!r} at step "
+                            f"{E.show(e)}, not one of the last {slots}")
+
+    stmts = []
+    for s in kernel.statements:
+        write = s.write
+        if write.array == array:
+            if not s.iterators or write.indices[0] != E.Index(s.iterators[0]):
+                raise ScheduleError(f"fold_storage: {s.name} writes {array!r} at step "
+                                    f"{E.show(write.indices[0])}, not at its first iterator")
+            write = Access(array, (folded(write.indices[0], s.iterators[0]),)
+                           + write.indices[1:])
+        for r in E.reads(s.value):
+            if r.array == array:
+                check_read(r, s)
+        it = s.iterators[0] if s.iterators else None
+
+        def fold_read(e: E.Expr, it=it) -> E.Expr | None:
+            if isinstance(e, E.Read) and e.array == array:
+                return E.Read(array, (folded(e.indices[0], it),) + tuple(
+                    E.map_expr(i, fold_read) for i in e.indices[1:]))
+            return None
+        stmts.append(replace(s, write=write, value=E.map_expr(s.value, fold_read)))
+    arrays = tuple(replace(x, shape=(E.Const(slots),) + tuple(x.shape[1:]))
+                   if x.name == array else x for x in kernel.arrays)
+    return replace(kernel, arrays=arrays, statements=tuple(stmts))
+
+
+def _loop_of(kernel: Kernel, s: Statement) -> tuple[int | str, ...]:
+    """The outer loop statement ``s`` runs in: shared with others when the kernel's
+    order says so (``(position, iterator, ...)``), else its own."""
+    pos = kernel.position(s.name)
+    if kernel.order and len(pos) >= 2 and isinstance(pos[1], str):
+        return pos[:2]
+    return (s.name,)

@@ -165,7 +165,7 @@ def _top(name: str) -> str:
 THIRD_PARTY = {"frontend": {"numpy", "islpy", "onnx", "pycparser"}, "codegen": {"numpy", "islpy", "cgen"}}
 ALLOWED_CORE = {"frontend": {"polyc.ir", "polyc.expr", "polyc.dtypes", "polyc.errors",
                              "polyc.program", "polyc.inline", "polyc.limits",
-                             "polyc.guards"},
+                             "polyc.guards", "polyc.rewrite"},
                 "codegen": {"polyc.ir", "polyc.expr", "polyc.dtypes", "polyc.errors",
                             "polyc.options", "polyc.program", "polyc.limits"}}
 WIRING = {"polyc.pipeline", "polyc.api", "polyc.cli", "polyc", "polyc.__main__", "polyc.model",
