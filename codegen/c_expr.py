@@ -79,6 +79,12 @@ for goto if inline int long register restrict return short signed sizeof static 
 typedef union unsigned void volatile while _Alignas _Alignof _Atomic _Bool _Complex _Generic
 _Imaginary _Noreturn _Static_assert _Thread_local asm typeof alignas alignof bool true false
 static_assert thread_local noreturn complex imaginary NULL main"""
+#: C++'s keywords beyond C's: the CUDA target is C++, and C++ programs include the headers
+_CXX_KEYWORDS = """and and_eq bitand bitor catch char8_t char16_t char32_t class compl concept
+const_cast consteval constexpr constinit co_await co_return co_yield decltype delete
+dynamic_cast explicit export friend mutable namespace new noexcept not not_eq nullptr
+operator or or_eq private protected public reinterpret_cast requires static_cast template
+this throw try typeid typename using virtual wchar_t xor xor_eq"""
 _LIBC_NAMES = """int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t intptr_t
 uintptr_t size_t ptrdiff_t float_t double_t INT32_MIN INT32_MAX INT64_MIN INT64_MAX INT64_C
 INFINITY NAN HUGE_VAL HUGE_VALF errno assert offsetof
@@ -94,7 +100,7 @@ exp2 expm1 fabs fdim floor fma fmax fmin fmod frexp hypot ldexp lgamma log log10
 logb modf nearbyint nextafter pow remainder rint round sin sinh sqrt tan tanh tgamma trunc"""
 
 #: names no generated identifier may take (C keywords, libc/libm names and macros)
-RESERVED = frozenset(_C_KEYWORDS.split() + _LIBC_NAMES.split()
+RESERVED = frozenset(_C_KEYWORDS.split() + _CXX_KEYWORDS.split() + _LIBC_NAMES.split()
                      + [n + "f" for n in _MATH_F.split()] + [n + "l" for n in _MATH_F.split()])
 #: prefixes owned by the generated prelude and by OpenMP
 RESERVED_PREFIXES = ("polyc_", "omp_")

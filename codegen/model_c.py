@@ -94,9 +94,10 @@ def interface_doc(p: Parts) -> list[str]:
         i, t = where[out]
         k, c = where[count]
         io += [f"  output {i} ({t.cname}): its extent along axis {axis} depends on the data: "
-               f"it is written", f"    at its largest, {_shape(t)}; output {k} ({c.cname}) "
-               f"receives the number of valid entries", f"    along that axis (the rest are "
-               f"zeros)"]
+               "it is written",
+               f"    at its largest, {_shape(t)}; output {k} ({c.cname}) receives the number "
+               "of valid entries",
+               "    along that axis (the rest are zeros)"]
     return io
 
 

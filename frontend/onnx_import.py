@@ -33,7 +33,8 @@ from polyc import dtypes as D
 from polyc.errors import CompileError
 
 from .onnx_control import NOT_FLATTENED, flatten_control_flow
-from .onnx_dynamic import DATA_DEPENDENT_OPS, Extent, count_of, dynamic_axes, is_data_dependent, propagate, \
+from .onnx_functions import expand_functions
+from .onnx_dynamic import Extent, count_of, dynamic_axes, is_data_dependent, propagate, \
     with_count
 from .onnx_graph import Graph, Node, TensorInfo, UnsupportedOpError
 from .onnx_validate import OnnxValidationError, check_declared_dims, check_opsets, \
@@ -551,6 +552,8 @@ def load_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
     (``{"input": [1, 3, 224, 224]}``; on the command line ``--shape input=1,3,224,224``).
     """
     proto, where = read_model(model)
+    from .onnx_graph import supported_ops
+    expand_functions(proto, set(supported_ops()))  # local functions and function ops
     _check_domains(proto, where)
     try:
         onnx.checker.check_model(_with_output_shapes(proto))
@@ -683,8 +686,10 @@ def _to_graph(proto: onnx.ModelProto, where: str, strict_error: str | None = Non
         if is_data_dependent(node, constants.get):  # one more output: the count
             node = with_count(node, lambda t: t in names or t in tensors)
         expected = expected_outputs(node, shape_of, constants.get, opset)
-        if count_of(node) is not None or any(x in dynamic for x in node.inputs) or (
-                node.op_type in DATA_DEPENDENT_OPS and expected is not None):
+        unknown = expected is not None and any(
+            o and not _static(infos.get(o)) and k < len(expected) and expected[k] is not None
+            for k, o in enumerate(node.outputs))
+        if count_of(node) is not None or any(x in dynamic for x in node.inputs) or unknown:
             # sizes that depend on data: the bounds polyc's rules give (onnx's inference
             # leaves them symbolic, or takes them from one example's declared shapes)
             found = propagate(node, dynamic, shape_of, constants.get)  # or refuse the node
@@ -715,11 +720,16 @@ def _to_graph(proto: onnx.ModelProto, where: str, strict_error: str | None = Non
                  constants, opset)
 
 
+#: ops whose output has their first input's dtype (for outputs onnx inferred nothing of)
+SAME_DTYPE_OPS = frozenset(["GroupNormalization", "ReverseSequence"])
+
+
 def _add_bounds(node: Node, expected: Sequence[Any] | None, tensors: dict[str, TensorInfo],
                 infos: Mapping[str, onnx.ValueInfoProto]) -> None:
-    """The outputs of a node whose sizes depend on data (see :mod:`.onnx_dynamic`), at
-    their bounds: the shapes ``expected`` by polyc's rules, the dtypes onnx inferred (the
-    count: int64)."""
+    """The outputs of a node at the shapes ``expected`` by polyc's rules, where onnx's
+    inference left them unknown: sizes that depend on data (see :mod:`.onnx_dynamic`:
+    their bounds), or an op onnx infers nothing for (a context-dependent function such
+    as GroupNormalization). The dtypes are onnx's (the count: int64)."""
     count = count_of(node)
     for k, o in enumerate(node.outputs):
         if not o:
@@ -735,6 +745,8 @@ def _add_bounds(node: Node, expected: Sequence[Any] | None, tensors: dict[str, T
             dtype = "int64"
         elif elem in DTYPES:
             dtype = DTYPES[elem]
+        elif node.inputs and node.inputs[0] in tensors and node.op_type in SAME_DTYPE_OPS:
+            dtype = tensors[node.inputs[0]].dtype  # onnx inferred no type at all
         else:
             raise UnsupportedOpError(f"node {node.name!r} ({node.op_type}): output {o!r} has "
                                      f"no dtype polyc supports")

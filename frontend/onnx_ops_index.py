@@ -1,4 +1,5 @@
-"""Ops that place values by index: OneHot, SpaceToDepth, TopK, ScatterElements.
+"""Ops that place values by index: OneHot, SpaceToDepth, DepthToSpace, TopK,
+ScatterElements (and opset 9's Scatter), ScatterND, ReverseSequence, TensorScatter.
 
 polyc's statements write at affine positions, so the ops that would write at positions
 read from data are written the other way round, each output element finding what lands
@@ -11,7 +12,10 @@ on it:
   ``Y(.., r, ..)`` sums the one element whose rank is ``r``: O(n^2) per row, for the
   short rows TopK sees in classifiers and detectors;
 * ScatterElements: the last update aimed at each element along the axis (or the
-  reduction of all of them) replaces (or combines with) the data.
+  reduction of all of them) replaces (or combines with) the data;
+* ReverseSequence and TensorScatter (a KV cache's update): each output element reads
+  the input at the position its sequence length or write index gives (a data-dependent
+  read, clamped into the tensor; the guard picks it or the old value).
 """
 from __future__ import annotations
 
@@ -94,7 +98,7 @@ def top_k(node: Node, ctx: LowerContext) -> Lowered:
     return Lowered(stmts)
 
 
-@register("ScatterElements")
+@register("ScatterElements", "Scatter")
 def scatter_elements(node: Node, ctx: LowerContext) -> Lowered:
     data, ind, upd = node.inputs[:3]
     y = node.outputs[0]
@@ -505,3 +509,63 @@ def control_flow(node: Node, ctx: LowerContext) -> Lowered:
     or trip count that is not static, a loop that runs no step, opset 8's batched
     Scan)."""
     raise unsupported(node, NOT_FLATTENED)
+
+
+@register("DepthToSpace")
+def depth_to_space(node: Node, ctx: LowerContext) -> Lowered:
+    x, y = node.inputs[0], node.outputs[0]
+    b = int(node.attr("blocksize", 0))
+    if b < 1 or ctx.rank(x) != 4:
+        raise unsupported(node, f"blocksize {b} on a rank-{ctx.rank(x)} input")
+    cp = ctx.shape(y)[1]  # the output's channels: C / (b*b)
+    mode = str_attr(node, "mode", "DCR")
+    i, j = f"hh % {b}", f"ww % {b}"  # the position inside the output's block
+    if mode == "DCR":  # input channel (i * b + j) * C' + c
+        ch = f"(({i}) * {b} + {j}) * {cp} + c"
+    elif mode == "CRD":  # input channel c * b*b + i * b + j
+        ch = f"c * {b * b} + ({i}) * {b} + {j}"
+    else:
+        raise unsupported(node, f"mode {mode!r}")
+    return Lowered([stmt(ctx, y, ["n", "c", "hh", "ww"], "=",
+                         ref(ctx, x, ["n", ch, f"hh / {b}", f"ww / {b}"]))])
+
+
+@register("ReverseSequence")
+def reverse_sequence(node: Node, ctx: LowerContext) -> Lowered:
+    x, lens = node.inputs[:2]
+    y = node.outputs[0]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    t_axis = norm_axis(node, node.attr("time_axis", 0), rank)
+    b_axis = norm_axis(node, node.attr("batch_axis", 1), rank)
+    if {t_axis, b_axis} != {0, 1}:
+        raise unsupported(node, f"time_axis {t_axis} and batch_axis {b_axis} (0 and 1)")
+    idx = idx_names(rank)
+    t, n = idx[t_axis], shape[t_axis]
+    length = f"int64({ref(ctx, lens, [idx[b_axis]])})"
+    back = idx[:t_axis] + [f"max(0, min({n - 1}, {length} - 1 - {t}))"] + idx[t_axis + 1:]
+    return Lowered([stmt(ctx, y, idx, "=",
+                         f"{t} < {length} ? {ref(ctx, x, back)} : {ref(ctx, x, idx)}")])
+
+
+@register("TensorScatter")
+def tensor_scatter(node: Node, ctx: LowerContext) -> Lowered:
+    past, upd = node.inputs[:2]
+    y = node.outputs[0]
+    shape = ctx.shape(past)
+    rank = len(shape)
+    axis = norm_axis(node, node.attr("axis", -2), rank)
+    if axis == 0:
+        raise unsupported(node, "axis 0 (the batch axis)")
+    m, s = shape[axis], ctx.shape(upd)[axis]
+    circular = str_attr(node, "mode", "linear") == "circular"
+    idx = idx_names(rank)
+    p = idx[axis]
+    start = f"int64({ref(ctx, node.inputs[2], [idx[0]])})" if present(node, 2) else "0"
+    d = f"({p} - {start})"
+    if circular:  # the distance from the write index, modulo the cache length
+        d = f"((({p} - {start}) % {m} + {m}) % {m})"
+    at = idx[:axis] + [f"max(0, min({s - 1}, {d}))"] + idx[axis + 1:]
+    return Lowered([stmt(ctx, y, idx, "=",
+                         f"({d} >= 0 && {d} < {s}) ? {ref(ctx, upd, at)} : "
+                         f"{ref(ctx, past, idx)}")])

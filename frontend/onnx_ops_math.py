@@ -758,6 +758,37 @@ def instancenorm(node: Node, ctx: LowerContext) -> Lowered:
     return Lowered(stmts)
 
 
+@register("GroupNormalization")
+def groupnorm(node: Node, ctx: LowerContext) -> Lowered:
+    x, out, dt, shape, rank = _channel_input(node, ctx)
+    groups = int(node.attr("num_groups", 0))
+    c = shape[1]
+    if groups < 1 or c % groups:
+        raise unsupported(node, f"num_groups {groups} for {c} channels")
+    cg = c // groups
+    spatial = list(shape[2:])
+    count = cg * int(np.prod(spatial))
+    eps = lit(node.attr("epsilon", 1e-5), dt)
+    full = idx_names(rank)
+    sp = full[2:]
+    lets = [f"ch in 0:{cg}"] + [f"{i} in 0:{n}" for i, n in zip(sp, spatial)]
+    xg = ref(ctx, x, ["n", f"{cg} * q + ch", *sp])
+    mu, var = ctx.temp("mean"), ctx.temp("var")
+    mean = f"({mu}(n, q) / {lit(count, dt)})"
+    stmts = [temp_stmt(ctx, mu, ["n", "q"], (shape[0], groups), "+=!", xg, lets=lets),
+             temp_stmt(ctx, var, ["n", "q"], (shape[0], groups), "+=!",
+                       f"({xg} - {mean}) * ({xg} - {mean})", lets=lets)]
+    g = f"{full[1]} / {cg}"
+
+    def param(t: str) -> str:  # opset 21: per channel; opset 18: per group
+        return ref(ctx, t, [full[1]] if ctx.shape(t)[0] == c else [g])
+    value = (f"({ref(ctx, x, full)} - {mu}({full[0]}, {g}) / {lit(count, dt)}) / "
+             f"sqrt({var}({full[0]}, {g}) / {lit(count, dt)} + {eps}) * "
+             f"{param(node.inputs[1])} + {param(node.inputs[2])}")
+    stmts.append(stmt(ctx, out, full, "=", value))
+    return Lowered(stmts)
+
+
 @register("LRN")
 def lrn(node: Node, ctx: LowerContext) -> Lowered:
     x, out, dt, shape, rank = _channel_input(node, ctx)

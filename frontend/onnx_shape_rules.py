@@ -160,7 +160,8 @@ _SAME_SHAPE = [
     "Softsign", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sign", "Sin", "Cos", "Tan",
     "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round", "Cast",
     "CastLike", "IsNaN", "IsInf", "Mish", "Swish", "Shrink", "Not", "BitwiseNot", "Clip",
-    "Identity", "LRN", "Trilu", "EyeLike"]
+    "Identity", "LRN", "Trilu", "EyeLike", "GroupNormalization", "ReverseSequence",
+    "DepthToSpace_"]
 
 
 @_rule(*_SAME_SHAPE)

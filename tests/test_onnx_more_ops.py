@@ -1,0 +1,131 @@
+"""DepthToSpace, ReverseSequence, TensorScatter, Scatter, GroupNormalization, and ONNX
+functions expanded at import (ops defined as functions -- HannWindow,
+MeanVarianceNormalization, SwiGLU -- and a model's local functions), against
+onnxruntime or onnx's reference, on odd sizes, on the C target and the CUDA emulation."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import polyc
+
+ort = pytest.importorskip("onnxruntime")
+F, I64 = T.FLOAT, T.INT64
+TARGETS = [pytest.param({}, id="c"),
+           pytest.param({"target": "cuda", "emulate": True}, id="cuda-emulated")]
+
+
+def _model(nodes, ins, outs, inits=(), opset=17, functions=()):
+    graph = helper.make_graph(nodes, "more", [helper.make_tensor_value_info(n, t, s)
+                                              for n, t, s in ins],
+                              [helper.make_tensor_value_info(n, t, None) for n, t in outs],
+                              list(inits))
+    imports = [helper.make_opsetid("", opset)]
+    if functions:
+        imports.append(helper.make_opsetid("local", 1))
+    return helper.make_model(graph, opset_imports=imports, ir_version=10,
+                             functions=list(functions))
+
+
+def _check(model, feed, target=None, use_ort=True, rtol=1e-5, atol=1e-6):
+    if use_ort:
+        sess = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        want = sess.run(None, feed)
+    else:
+        want = ReferenceEvaluator(model).run(None, feed)
+    got = polyc.compile_onnx(model, **(target or {})).run(None, feed)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+RNG = np.random.default_rng(11)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_depth_to_space(mode, target):
+    model = _model([helper.make_node("DepthToSpace", ["x"], ["y"], blocksize=3, mode=mode)],
+                   [("x", F, [2, 18, 3, 5])], [("y", F)])
+    _check(model, {"x": RNG.standard_normal((2, 18, 3, 5)).astype(np.float32)}, target)
+
+
+@pytest.mark.parametrize("time_axis", [0, 1])
+def test_reverse_sequence(time_axis):
+    shape = [7, 4, 3] if time_axis == 0 else [4, 7, 3]
+    model = _model([helper.make_node("ReverseSequence", ["x", "lens"], ["y"],
+                                     time_axis=time_axis, batch_axis=1 - time_axis)],
+                   [("x", F, shape), ("lens", I64, [4])], [("y", F)])
+    _check(model, {"x": RNG.standard_normal(shape).astype(np.float32),
+                   "lens": np.array([7, 1, 4, 6], np.int64)})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter(mode, target):
+    """A KV cache of 9 positions, 3 new ones written per batch at its own index."""
+    model = _model([helper.make_node("TensorScatter", ["past", "new", "at"], ["present"],
+                                     mode=mode)],
+                   [("past", F, [2, 3, 9, 4]), ("new", F, [2, 3, 3, 4]), ("at", I64, [2])],
+                   [("present", F)], opset=24)
+    at = np.array([2, 7] if mode == "circular" else [0, 5], np.int64)
+    _check(model, {"past": RNG.standard_normal((2, 3, 9, 4)).astype(np.float32),
+                   "new": RNG.standard_normal((2, 3, 3, 4)).astype(np.float32), "at": at},
+           target, use_ort=False)
+
+
+def test_scatter_opset10():
+    model = _model([helper.make_node("Scatter", ["x", "i", "u"], ["y"], axis=1)],
+                   [("x", F, [3, 5]), ("i", I64, [3, 2]), ("u", F, [3, 2])], [("y", F)],
+                   opset=10)
+    _check(model, {"x": RNG.standard_normal((3, 5)).astype(np.float32),
+                   "i": np.array([[0, 4], [2, 1], [3, 3]], np.int64),
+                   "u": RNG.standard_normal((3, 2)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("groups", [3, 1])
+def test_group_normalization(groups, target):
+    c, g, opset = 6, groups, 21
+    pc = c
+    inits = [numpy_helper.from_array(RNG.standard_normal(pc).astype(np.float32), "s"),
+             numpy_helper.from_array(RNG.standard_normal(pc).astype(np.float32), "b")]
+    model = _model([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"],
+                                     num_groups=g, epsilon=1e-3)],
+                   [("x", F, [2, c, 5, 3])], [("y", F)], inits, opset=opset)
+    _check(model, {"x": RNG.standard_normal((2, c, 5, 3)).astype(np.float32)}, target,
+           use_ort=False, rtol=1e-4, atol=1e-5)
+
+
+def test_function_ops_are_expanded():
+    """HannWindow, MeanVarianceNormalization and SwiGLU have no lowering of their own:
+    ONNX defines them as functions of other ops, and their bodies compile."""
+    size = numpy_helper.from_array(np.array(10, np.int64), "n")
+    nodes = [helper.make_node("HannWindow", ["n"], ["w"], periodic=0),
+             helper.make_node("MeanVarianceNormalization", ["x"], ["m"], axes=[0, 2]),
+             helper.make_node("SwiGLU", ["x", "x2"], ["s"], alpha=1.5)]
+    model = _model(nodes, [("x", F, [3, 4, 5]), ("x2", F, [3, 4, 5])],
+                   [("w", F), ("m", F), ("s", F)], [size], opset=28)
+    _check(model, {"x": RNG.standard_normal((3, 4, 5)).astype(np.float32),
+                   "x2": RNG.standard_normal((3, 4, 5)).astype(np.float32)},
+           use_ort=False, rtol=1e-4, atol=1e-5)
+
+
+def test_local_functions_are_inlined():
+    """A model calling its own function (as exporters write a module once)."""
+    fn = helper.make_function("local", "ScaledGelu", ["a"], ["b"],
+                              [helper.make_node("Mul", ["a", "a"], ["sq"]),
+                               helper.make_node("Add", ["a", "sq"], ["b"])],
+                              [helper.make_opsetid("", 17)])
+    nodes = [helper.make_node("ScaledGelu", ["x"], ["h"], domain="local"),
+             helper.make_node("ScaledGelu", ["h"], ["y"], domain="local")]
+    model = _model(nodes, [("x", F, [4, 7])], [("y", F)], functions=[fn])
+    model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 4
+    model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 7
+    onnx.checker.check_model(model)
+    _check(model, {"x": RNG.standard_normal((4, 7)).astype(np.float32)})
