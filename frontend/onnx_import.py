@@ -553,7 +553,11 @@ def load_graph(model: str | os.PathLike | bytes | onnx.ModelProto,
     """
     proto, where = read_model(model)
     from .onnx_graph import supported_ops
-    expand_functions(proto, set(supported_ops()))  # local functions and function ops
+    try:
+        expand_functions(proto, set(supported_ops()))  # local functions and function ops
+    except Exception as e:  # noqa: BLE001 -- onnx's inliner on a malformed model
+        raise CompileError(f"{where}: cannot expand the model's functions: "
+                           f"{_first_line(e)}") from None
     _check_domains(proto, where)
     try:
         onnx.checker.check_model(_with_output_shapes(proto))

@@ -210,3 +210,46 @@ def test_constant_condition_compress_is_static():
                    [("x", F, [4, 5])], [("y", F)], [cond])
     compiled = _check(model, {"x": x}, {})
     assert compiled.dynamic_outputs == {}
+
+
+C_MAIN = r"""
+#include <stdio.h>
+#include "nz.h"
+int main(int argc, char **argv) {
+    nz_model *m = nz_init(argv[1]);
+    if (!m) return 10;
+    float x[3][4] = {{0, 1, 0, -2}, {0, 0, 0, 0}, {3, 0, 0, 4}};
+    int64_t nz[2][12];
+    int64_t count = -1;
+    if (nz_run(m, &x[0][0], &nz[0][0], &count) != 0) return 11;
+    printf("%lld", (long long)count);
+    for (int d = 0; d < 2; d++)
+        for (int64_t k = 0; k < count; k++) printf(" %lld", (long long)nz[d][k]);
+    for (int64_t k = count; k < 12; k++) if (nz[0][k] || nz[1][k]) return 12;
+    printf("\n");
+    nz_free(m);
+    return 0;
+}
+"""
+
+
+def test_c_program_reads_the_count(tmp_path):
+    """From C: the output at its largest shape, the count as one more output."""
+    import subprocess
+    z = numpy_helper.from_array(np.array(0.0, np.float32), "z")
+    model = _model([helper.make_node("Abs", ["x"], ["a"]),
+                    helper.make_node("Greater", ["a", "z"], ["m"]),
+                    helper.make_node("NonZero", ["m"], ["nz"])],
+                   [("x", F, [3, 4])], [("nz", I64)], [z], opset=17)
+    compiled = polyc.compile_onnx(model, name="nz", output_dir=str(tmp_path))
+    (tmp_path / "main.c").write_text(C_MAIN)
+    exe = str(tmp_path / "main")
+    cc = subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", "-I", str(tmp_path),
+                         str(tmp_path / "main.c"), compiled.library_path,
+                         f"-Wl,-rpath,{tmp_path}", "-o", exe], capture_output=True, text=True)
+    assert cc.returncode == 0, cc.stderr
+    run = subprocess.run([exe, compiled.weights_path], capture_output=True, text=True)
+    assert run.returncode == 0, run
+    x = np.array([[0, 1, 0, -2], [0, 0, 0, 0], [3, 0, 0, 4]], np.float32)
+    want = np.array(np.nonzero(x))
+    assert run.stdout.split() == [str(want.shape[1])] + [str(v) for v in want.reshape(-1)]
