@@ -136,7 +136,7 @@ def propagate(node: Node, dyn: Mapping[str, Extent],
             if d >= 0 and s[d] != 1:
                 raise refuse(f"it broadcasts against {x!r} of shape {list(s)}, which is "
                              f"not 1 along that axis")
-        return out(axis, node.outputs[0])
+        return out(axis)
     if op == "Transpose":
         rank = len(shape_of(x0))
         perm = list(node.attr("perm", list(reversed(range(rank)))))

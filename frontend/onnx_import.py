@@ -697,7 +697,8 @@ def _to_graph(proto: onnx.ModelProto, where: str, strict_error: str | None = Non
             # sizes that depend on data: the bounds polyc's rules give (onnx's inference
             # leaves them symbolic, or takes them from one example's declared shapes)
             found = propagate(node, dynamic, shape_of, constants.get)  # or refuse the node
-            _add_bounds(node, expected, tensors, infos)
+            _add_bounds(node, expected, tensors, infos,
+                        every=count_of(node) is not None or bool(found))
             dynamic.update(found)
             count = count_of(node)
             if count is not None:
@@ -729,16 +730,20 @@ SAME_DTYPE_OPS = frozenset(["GroupNormalization", "ReverseSequence"])
 
 
 def _add_bounds(node: Node, expected: Sequence[Any] | None, tensors: dict[str, TensorInfo],
-                infos: Mapping[str, onnx.ValueInfoProto]) -> None:
+                infos: Mapping[str, onnx.ValueInfoProto], every: bool = True) -> None:
     """The outputs of a node at the shapes ``expected`` by polyc's rules, where onnx's
     inference left them unknown: sizes that depend on data (see :mod:`.onnx_dynamic`:
     their bounds), or an op onnx infers nothing for (a context-dependent function such
-    as GroupNormalization). The dtypes are onnx's (the count: int64)."""
+    as GroupNormalization). The dtypes are onnx's (the count: int64). Unless ``every``
+    (a node whose sizes depend on data), only the outputs onnx left unknown, and only
+    where the rules know them."""
     count = count_of(node)
     for k, o in enumerate(node.outputs):
         if not o:
             continue
         shape = expected[k] if expected is not None and k < len(expected) else None
+        if not every and (_static(infos.get(o)) or shape is None):
+            continue  # onnx's shape, or its usual error when the tensor is added
         if shape is None:
             raise UnsupportedOpError(f"node {node.name!r} ({node.op_type}): the size of its "
                                      f"output {o!r} depends on data, and polyc cannot bound it")

@@ -20,6 +20,7 @@ on it:
 from __future__ import annotations
 
 from polyc import dtypes as D
+from polyc.program import IndexCheck
 
 from .onnx_control import NOT_FLATTENED
 from .onnx_graph import LowerContext, Lowered, Node, register
@@ -569,3 +570,89 @@ def tensor_scatter(node: Node, ctx: LowerContext) -> Lowered:
     return Lowered([stmt(ctx, y, idx, "=",
                          f"({d} >= 0 && {d} < {s}) ? {ref(ctx, upd, at)} : "
                          f"{ref(ctx, past, idx)}")])
+
+
+@register("RoiAlign")
+def roi_align(node: Node, ctx: LowerContext) -> Lowered:
+    """Each output bin averages (or takes the largest of) a grid of bilinear samples of
+    its region of interest, as onnx's reference and onnxruntime: per axis, each sample's
+    two taps and weights are temporaries over (roi, bin, sample), the taps read at run
+    time (clamped into the map); a sample outside ``[-1, extent]`` counts as 0."""
+    x, rois, bidx = node.inputs[:3]
+    y = node.outputs[0]
+    n, _, height, width = ctx.shape(x)
+    nr = ctx.shape(rois)[0]
+    dt = ctx.dtype(x)
+    oh, ow = int(node.attr("output_height", 1)), int(node.attr("output_width", 1))
+    ratio = int(node.attr("sampling_ratio", 0))
+    scale = float(node.attr("spatial_scale", 1.0))
+    mode = str_attr(node, "mode", "avg")
+    transform = str_attr(node, "coordinate_transformation_mode",
+                         "half_pixel" if ctx.graph.opset >= 16 else "output_half_pixel")
+    if mode not in ("avg", "max") or transform not in ("half_pixel", "output_half_pixel"):
+        raise unsupported(node, f"mode {mode!r} with coordinate_transformation_mode "
+                                f"{transform!r}")
+    if ratio <= 0:
+        raise unsupported(node, "sampling_ratio 0 (a grid whose size depends on each "
+                                "region's size): give a positive sampling_ratio")
+    half = transform == "half_pixel"
+    f = "float32"
+
+    def roi(k: int) -> str:
+        v = f"{cast_to(f, ref(ctx, rois, ['r', str(k)]))} * {lit(scale, f)}"
+        return f"({v} - {lit(0.5, f)})" if half else f"({v})"
+    stmts: list[str] = []
+    taps: dict[str, tuple[str, str, str, str]] = {}
+    for axis, k0, bins, extent in (("y", 1, oh, height), ("x", 0, ow, width)):
+        size = f"({roi(k0 + 2)} - {roi(k0)})"
+        if not half:
+            size = f"max({size}, {lit(1.0, f)})"
+        step = f"({size} / {lit(float(bins), f)})"  # a bin's extent
+        pos = (f"({roi(k0)} + {cast_to(f, 'p')} * {step} + ({cast_to(f, 's')} + "
+               f"{lit(0.5, f)}) * {step} / {lit(float(ratio), f)})")
+        lo, hi, frac, ok = (ctx.temp(f"{axis}_{w}") for w in ("lo", "hi", "frac", "ok"))
+        shape = (nr, bins, ratio)
+        at = ["r", "p", "s"]
+        clamped = f"max({pos}, {lit(0.0, f)})"
+        low = f"int64({clamped})"
+        stmts += [temp_stmt(ctx, ok, at, shape, "=",
+                            f"({pos} < {lit(-1.0, f)} || {pos} > {lit(float(extent), f)}) ? "
+                            f"{lit(0.0, f)} : {lit(1.0, f)}"),
+                  temp_stmt(ctx, lo, at, shape, "=", f"min({low}, {extent - 1})"),
+                  temp_stmt(ctx, hi, at, shape, "=", f"min({low} + 1, {extent - 1})"),
+                  temp_stmt(ctx, frac, at, shape, "=",
+                            f"{low} >= {extent - 1} ? {lit(0.0, f)} : {clamped} - "
+                            f"{cast_to(f, low)}")]
+        taps[axis] = (lo, hi, frac, ok)
+    (ylo, yhi, ly, vy), (xlo, xhi, lx, vx) = taps["y"], taps["x"]
+    b = f"max(0, min({n - 1}, int64({ref(ctx, bidx, ['r'])})))"
+    yt = lambda t: f"{t}(r, ph, iy)"  # noqa: E731
+    xt = lambda t: f"{t}(r, pw, ix)"  # noqa: E731
+
+    def v(yy: str, xx: str) -> str:
+        return cast_to(f, ref(ctx, x, [b, "c", yt(yy), xt(xx)]))
+    one = lit(1.0, f)
+    w = {("lo", "lo"): f"({one} - {yt(ly)}) * ({one} - {xt(lx)})",
+         ("lo", "hi"): f"({one} - {yt(ly)}) * {xt(lx)}",
+         ("hi", "lo"): f"{yt(ly)} * ({one} - {xt(lx)})",
+         ("hi", "hi"): f"{yt(ly)} * {xt(lx)}"}
+    names = {"lo": (ylo, xlo), "hi": (yhi, xhi)}
+    terms = [f"{yt(vy)} * {xt(vx)} * {w[(a, c)]} * {v(names[a][0], names[c][1])}"
+             for a in ("lo", "hi") for c in ("lo", "hi")]
+    grid = [f"iy in 0:{ratio}", f"ix in 0:{ratio}"]
+    acc = ctx.temp("acc")
+    if mode == "avg":
+        stmts.append(temp_stmt(ctx, acc, ["r", "c", "ph", "pw"], ctx.shape(y), "+=!",
+                               " + ".join(terms), lets=grid))
+        value = f"{acc}(r, c, ph, pw) / {lit(float(ratio * ratio), f)}"
+    else:
+        stmts.append(temp_stmt(ctx, acc, ["r", "c", "ph", "pw"], ctx.shape(y), "max=!",
+                               f"max(max({terms[0]}, {terms[1]}), max({terms[2]}, "
+                               f"{terms[3]}))", lets=grid))
+        value = f"{acc}(r, c, ph, pw)"
+    stmts.append(stmt(ctx, y, ["r", "c", "ph", "pw"], "=",
+                      value if dt == f else cast_to(dt, value)))
+    check = IndexCheck(-1, bidx, 0, n - 1,
+                       f"node {node.name!r} (RoiAlign): batch index ",
+                       f" of {bidx!r} is out of range (valid: 0 to {n - 1})")
+    return Lowered(stmts, checks=() if ctx.const(bidx) is not None else (check,))

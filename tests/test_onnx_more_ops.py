@@ -129,3 +129,32 @@ def test_local_functions_are_inlined():
     model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 7
     onnx.checker.check_model(model)
     _check(model, {"x": RNG.standard_normal((4, 7)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mode,transform", [("avg", "half_pixel"),
+                                            ("avg", "output_half_pixel"),
+                                            ("max", "output_half_pixel")])
+def test_roi_align(mode, transform, target):
+    """Regions inside, across the border and outside the feature map."""
+    rois = np.array([[0.5, 1.0, 6.0, 5.5], [-3.0, -2.0, 4.0, 3.0], [2.0, 2.0, 2.5, 2.2],
+                     [5.0, 4.0, 12.0, 9.0], [10.0, 10.0, 14.0, 13.0]], np.float32)
+    model = _model([helper.make_node("RoiAlign", ["x", "rois", "b"], ["y"], mode=mode,
+                                     coordinate_transformation_mode=transform,
+                                     output_height=3, output_width=4, sampling_ratio=2,
+                                     spatial_scale=0.9)],
+                   [("x", F, [2, 3, 7, 9]), ("rois", F, [5, 4]), ("b", I64, [5])],
+                   [("y", F)], opset=16)
+    _check(model, {"x": RNG.standard_normal((2, 3, 7, 9)).astype(np.float32), "rois": rois,
+                   "b": np.array([0, 1, 1, 0, 1], np.int64)}, target, rtol=1e-4, atol=1e-5)
+
+
+def test_roi_align_batch_index_out_of_range():
+    model = _model([helper.make_node("RoiAlign", ["x", "rois", "b"], ["y"], sampling_ratio=1)],
+                   [("x", F, [2, 3, 7, 9]), ("rois", F, [1, 4]), ("b", I64, [1])],
+                   [("y", F)], opset=16)
+    compiled = polyc.compile_onnx(model)
+    feed = {"x": np.zeros((2, 3, 7, 9), np.float32),
+            "rois": np.array([[0, 0, 3, 3]], np.float32), "b": np.array([2], np.int64)}
+    with pytest.raises(polyc.RunError, match=r"RoiAlign.*batch index 2.*valid: 0 to 1"):
+        compiled.run(None, feed)
