@@ -140,6 +140,32 @@ def transformer_layer(batch: int = 1, seq: int = 16, d_model: int = 64, heads: i
                    [_io("y", (batch, seq, d_model))])
 
 
+def detector_tail(boxes: int = 500, classes: int = 20, per_class: int = 50,
+                  iou: float = 0.5, score: float = 0.3) -> onnx.ModelProto:
+    """A detector's post-processing: NonMaxSuppression per class, then the kept boxes
+    gathered (outputs whose length depends on the data)."""
+    from onnx import helper, numpy_helper
+    consts = [numpy_helper.from_array(np.array(v, dt), n) for n, v, dt in (
+        ("k", [per_class], np.int64), ("iou", [iou], np.float32),
+        ("score", [score], np.float32), ("two", [2], np.int64), ("one", [1], np.int64),
+        ("zero", [0], np.int64))]
+    nodes = [helper.make_node("NonMaxSuppression", ["boxes", "scores", "k", "iou", "score"],
+                              ["selected"]),
+             helper.make_node("Gather", ["selected", "two"], ["column"], axis=1),
+             helper.make_node("Squeeze", ["column", "one"], ["index"]),
+             helper.make_node("Squeeze", ["boxes", "zero"], ["all_boxes"]),
+             helper.make_node("Gather", ["all_boxes", "index"], ["kept_boxes"], axis=0)]
+    graph = helper.make_graph(nodes, "detector_tail",
+                              [_io("boxes", (1, boxes, 4)), _io("scores", (1, classes, boxes))],
+                              [helper.make_tensor_value_info("selected", onnx.TensorProto.INT64,
+                                                             None),
+                               helper.make_tensor_value_info("kept_boxes",
+                                                             onnx.TensorProto.FLOAT, None)],
+                              consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                             ir_version=8)
+
+
 # -- the architectures shipped with onnx ---------------------------------------------------
 
 def light_model(name: str) -> onnx.ModelProto:

@@ -32,7 +32,6 @@ from polyc.errors import CompileError, InternalError
 from polyc.inline import inline_pointwise
 from polyc.ir import Kernel
 from polyc.program import Buffer, IndexCheck, Program, Step, alias_root
-from polyc.rewrite import fold_storage
 
 from .onnx_dynamic import dynamic_extents
 from .onnx_graph import (
@@ -264,8 +263,8 @@ class _ProgramBuilder:
         for t in dict.fromkeys(produced):
             needed = t in graph.outputs or bool(self.users.get(t, set()) - in_group) \
                 or t in checked_inside or t in self.counts
-            if not needed:
-                continue
+            if not needed or (0 in ctx.shape(t) and t in graph.constants):
+                continue  # (an empty output is a constant: nothing to compute)
             _check_not_empty(t, ctx.shape(t), where)
             if t not in names or names[t] not in tokens:
                 raise InternalError(f"the lowering of {where} does not compute {t!r}, which "
@@ -283,9 +282,9 @@ class _ProgramBuilder:
         text = f"def {kname}({params}) -> ({rets}) {{\n{body}\n}}\n"
         kernel = self.compile_tc(text, where)
         kernel = _share_loops(kernel, results)
-        for r in results:
-            for temp, slots in r.rolling:
-                kernel = fold_storage(kernel, temp, slots)
+        folds = tuple(f for r in results for f in r.rolling)
+        if folds:  # applied once scheduled (polyc.pipeline.fold_storage_hints)
+            kernel = replace(kernel, folds=folds)
         self.verify(kernel, ctx, where, text)
         kernel = inline_pointwise(kernel)
         args = inputs + [t for _, t in views] + outputs
@@ -401,6 +400,8 @@ class _ProgramBuilder:
                                          f"polyc needs outputs distinct from inputs")
             if out in written or any(out == o for o, _ in self.copies):
                 continue
+            if 0 in self.info(out).shape:
+                continue  # no elements: nothing to write
             if out in graph.constants or out in alias_views:
                 self.add_copy(out, out)
             else:

@@ -37,7 +37,9 @@ def causal_conv_with_state(node: Node, ctx: LowerContext) -> Lowered:
     act = str_attr(node, "activation", "none")
     if act not in ("none", "silu", "swish"):
         raise unsupported(node, f"activation {act!r}")
-    past = node.inputs[3] if present(node, 3) else ""
+    past = node.inputs[3] if present(node, 3) and k > 1 else ""  # k = 1: no past
+    if state and 0 in ctx.shape(state):
+        state = ""  # k = 1: the state is empty (a constant)
 
     def padded(p: str) -> str:  # position p of the past followed by the input
         old = ref(ctx, past, ["b", "c", p]) if past else lit(0, dt)

@@ -171,6 +171,34 @@ def evaluate_node(node: Node, values: Sequence[np.ndarray], opset: int) -> list[
 
 # -- passes -----------------------------------------------------------------------------
 
+def fold_empty_tensors(graph: Graph, stats: Counter | None = None) -> Graph:
+    """A tensor with no elements (an extent 0: an empty Slice or Split piece, a
+    reduction's empty input) has one value whatever the inputs: it becomes a constant.
+    A node all of whose outputs are empty is dropped; a Concat drops its empty inputs.
+    The folding that follows then evaluates what only reads constants (a reduction over
+    an empty axis: its identity)."""
+    stats = stats if stats is not None else Counter()
+    constants = dict(graph.constants)
+    for t, info in graph.tensors.items():
+        if 0 in info.shape and t not in constants:
+            constants[t] = np.zeros(info.shape, NUMPY[info.dtype])
+    if len(constants) == len(graph.constants):
+        return graph
+    nodes: list[Node] = []
+    for n in graph.nodes:
+        outs = [o for o in n.outputs if o]
+        if outs and all(0 in graph.tensors[o].shape for o in outs if o in graph.tensors):
+            stats["empty"] += 1
+            continue
+        if n.op_type == "Concat" and n.domain in ("", "ai.onnx"):
+            kept = [x for x in n.inputs if x and 0 not in graph.tensors[x].shape]
+            if kept and len(kept) < len(n.inputs):
+                n = Node(n.name, n.op_type, tuple(kept), n.outputs, n.attrs, n.domain)
+                stats["empty"] += 1
+        nodes.append(n)
+    return _replace(graph, nodes=nodes, constants=constants)
+
+
 def fold_constants(graph: Graph, stats: Counter | None = None) -> Graph:
     """Evaluate, at compile time, every node whose inputs are all constants (a node with
     no inputs, such as ConstantOfShape's fill, included), and Shape / Size of tensors
@@ -728,6 +756,7 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None) -> Graph:
     c: Counter = Counter()
     before = len(graph.nodes)
     graph = fuse_qdq_convs(graph, c)  # before folding turns DequantizeLinear(W) into floats
+    graph = fold_empty_tensors(graph, c)
     graph = fold_constants(graph, c)
     graph = remove_noops(graph, c)
     graph = fold_batchnorm(graph, c)
@@ -738,7 +767,8 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None) -> Graph:
     graph = choose_conv_layouts(graph, c)
     c["nodes_before"] = before
     c["nodes_after"] = len(graph.nodes)
-    result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "half_in_float", "folded", "noops",
+    result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "half_in_float", "empty", "folded",
+                                             "noops",
                                              "batchnorm_folded", "cse",
                                              "cse_constants", "dead", "conv_channels_last",
                                              "gemm_transposed", "nodes_before",

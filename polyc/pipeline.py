@@ -124,6 +124,28 @@ class _Stages:
         return value
 
 
+def fold_storage_hints(kernel: Kernel, schedule: isl.Schedule) -> tuple[Kernel, Any]:
+    """``kernel`` with its temporaries folded as its ``folds`` ask
+    (:func:`polyc.rewrite.fold_storage`: a recurrence's state kept for its last steps),
+    when ``schedule`` -- computed for the unfolded kernel -- respects the dependences of
+    the folded one (the slots' reuse adds anti and output dependences: checked here,
+    which costs a fraction of scheduling); else ``kernel`` as it is, its full storage.
+    Returns the kernel and the folded kernel's dependences (None when not folded)."""
+    if not kernel.folds:
+        return kernel, None
+    from dataclasses import replace as _replace
+    from .rewrite import fold_storage
+    folded = _replace(kernel, folds=())
+    try:
+        for array, slots in kernel.folds:
+            folded = fold_storage(folded, array, slots)
+        deps = compute_dependences(folded)
+        check.check_schedule(folded, deps, schedule)
+    except ScheduleError:
+        return _replace(kernel, folds=()), None
+    return folded, deps
+
+
 def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = None) -> Scheduled:
     """Stages check .. legality."""
     stage = stage or _Stages(options, kernel.name)
@@ -143,7 +165,7 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     plain = stage("schedule", compute_schedule(kernel, deps, options))
     if options.target == "cuda":  # tiled and mapped by polyc.schedule.gpu_map instead
         check.check_schedule(kernel, deps, plain)
-        return Scheduled(kernel, deps, plain)
+        return _folded(Scheduled(kernel, deps, plain))
     sched = stage("optimize", optimize(plain, kernel, options))
     try:
         check.check_schedule(kernel, deps, sched)
@@ -157,7 +179,14 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
             check.check_schedule(kernel, deps, sched)
         except ScheduleError as e2:
             raise InternalError(f"{kernel.name}: isl's schedule is illegal: {e2}") from e2
-    return Scheduled(kernel, deps, sched)
+    return _folded(Scheduled(kernel, deps, sched))
+
+
+def _folded(scheduled: Scheduled) -> Scheduled:
+    kernel, deps = fold_storage_hints(scheduled.kernel, scheduled.schedule)
+    if deps is None:
+        return Scheduled(kernel, scheduled.deps, scheduled.schedule)
+    return Scheduled(kernel, deps, scheduled.schedule)
 
 
 #: lines of C past which a tiled kernel is compiled untiled: isl's AST of parametric tiles

@@ -158,3 +158,18 @@ def test_roi_align_batch_index_out_of_range():
             "rois": np.array([[0, 0, 3, 3]], np.float32), "b": np.array([2], np.int64)}
     with pytest.raises(polyc.RunError, match=r"RoiAlign.*batch index 2.*valid: 0 to 1"):
         compiled.run(None, feed)
+
+
+def test_empty_tensors_fold_to_constants():
+    """An empty Slice concatenated with data, a reduction over an empty axis (its
+    identity) and an empty graph output: no kernel sees an extent of 0."""
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Slice", ["x", "s0", "s1", "ax"], ["empty"]),  # x[:, 3:3]
+             helper.make_node("Concat", ["x", "empty"], ["cat"], axis=1),
+             helper.make_node("Relu", ["cat"], ["y"]),
+             helper.make_node("ReduceMax", ["empty", "ax"], ["mx"], keepdims=1),
+             helper.make_node("Add", ["mx", "y"], ["z"]),
+             helper.make_node("Neg", ["empty"], ["e2"])]
+    model = _model(nodes, [("x", F, [2, 5])], [("y", F), ("z", F), ("e2", F)],
+                   [ints("s0", [3]), ints("s1", [3]), ints("ax", [1])], opset=18)
+    _check(model, {"x": RNG.standard_normal((2, 5)).astype(np.float32)})

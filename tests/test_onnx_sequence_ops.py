@@ -15,7 +15,7 @@ import polyc
 from polyc import expr as E
 from polyc.errors import ScheduleError
 from polyc.frontend import from_tc
-from polyc.model import lower_onnx
+from polyc.model import lower_onnx, schedule_function
 from polyc.rewrite import fold_storage
 
 F = T.FLOAT
@@ -100,8 +100,11 @@ def test_linear_attention_per_head_decay_and_state_storage():
     model, feed = _linear_attention_case("gated", 2, 2, 40, True, decay_width="head")
     _check(model, feed, {})
     step = lower_onnx(model).steps[0]
-    state = [a for a in step.kernel.arrays if a.name.startswith("v_state")]
+    assert step.kernel.folds  # asked for by the lowering, applied once scheduled:
+    kernel, _ = schedule_function(polyc.Options())(step.kernel)
+    state = [a for a in kernel.arrays if a.name.startswith("v_state")]
     assert state and state[0].shape[0] == E.Const(2)
+    assert not kernel.folds
 
 
 def test_fold_storage_refuses_a_read_further_back():

@@ -31,7 +31,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MODELS = ("mlp", "small_cnn", "transformer_layer", "resnet50", "resnet50_int8", "resnet50_fp16")
+MODELS = ("mlp", "small_cnn", "transformer_layer", "resnet50", "resnet50_int8", "resnet50_fp16",
+          "detector_tail")
 
 
 def _model(name: str):

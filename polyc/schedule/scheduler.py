@@ -125,6 +125,12 @@ def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
         if sched is not None:
             return sched
         whole_component = False
+    if kernel.folds and kernel.order and len(group) > 1:
+        # a recurrence whose state is stored for its last steps only once scheduled
+        # (Kernel.folds): its steps keep the source's order, the shared loop outermost
+        # (isl would run each state element's whole history in turn: legal with the
+        # full storage, not with the folded one)
+        return _program_order(kernel, deps, group)
     if kernel.order and len(group) > 1:
         # statements sharing a C loop nest: isl's ILPs there can take minutes whatever
         # its operation budget says (heat-3d: three calls of 27 s); bound the time
