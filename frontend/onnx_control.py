@@ -18,6 +18,8 @@ the op as unsupported), and so is a Loop without a static trip count.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -39,20 +41,36 @@ def flatten_control_flow(proto: onnx.ModelProto, shapes: dict[str, list[int]]) -
                 default=1)
     consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     made_by = {o: n for n in g.node for o in n.output if o}
-    out: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
-    changed = False
-    for n in g.node:
-        made = None
-        if n.op_type == "Scan" and opset >= 9 and n.domain in ("", "ai.onnx"):
-            made = _unroll_scan(n, shapes, opset, inits)
-        elif n.op_type == "Loop" and n.domain in ("", "ai.onnx"):
-            made = _unroll_loop(n, made_by, consts, shapes, opset, inits)
-        elif n.op_type == "If" and n.domain in ("", "ai.onnx"):
+
+    def expand(n: onnx.NodeProto, _index: int) -> list[onnx.NodeProto] | None:
+        nonlocal consts
+        if n.domain not in ("", "ai.onnx"):
+            return None
+        if n.op_type == "Scan" and opset >= 9:
+            return _unroll_scan(n, shapes, opset, inits)
+        if n.op_type == "Loop":
+            return _unroll_loop(n, made_by, consts, shapes, opset, inits)
+        if n.op_type == "If":
             cond = _static_value(n.input[0], made_by, consts, shapes, opset)
             if cond is not None:
                 consts = {**consts, n.input[0]: cond}
-            made = _inline_if(n, consts, inits)
+            return _inline_if(n, consts, inits)
+        return None
+    changed = replace_nodes(g, expand)
+    if changed:
+        g.initializer.extend(inits)
+    return changed
+
+
+def replace_nodes(g: onnx.GraphProto,
+                  expand: Callable[[onnx.NodeProto, int], list[onnx.NodeProto] | None]) -> bool:
+    """Each node of ``g`` replaced by ``expand(node, index)`` where that is not None (in
+    place, in order); True if any was."""
+    out: list[onnx.NodeProto] = []
+    changed = False
+    for k, n in enumerate(g.node):
+        made = expand(n, k)
         if made is None:
             out.append(n)
         else:
@@ -61,7 +79,6 @@ def flatten_control_flow(proto: onnx.ModelProto, shapes: dict[str, list[int]]) -
     if changed:
         del g.node[:]
         g.node.extend(out)
-        g.initializer.extend(inits)
     return changed
 
 
@@ -115,6 +132,20 @@ def _tensor_only(graph: onnx.GraphProto) -> bool:
                for v in list(graph.input) + list(graph.output))
 
 
+def renamed_node(n: onnx.NodeProto, index: int, prefix: str, inputs: list[str],
+                 outputs: list[str]) -> onnx.NodeProto:
+    """A copy of ``n`` named under ``prefix``, reading ``inputs`` and writing
+    ``outputs``."""
+    c = onnx.NodeProto()
+    c.CopyFrom(n)
+    c.name = f"{prefix}{n.name or n.op_type + '_' + str(index)}"
+    del c.input[:]
+    c.input.extend(inputs)
+    del c.output[:]
+    c.output.extend(outputs)
+    return c
+
+
 def _copy_body(body: onnx.GraphProto, prefix: str, names: dict[str, str],
                inits: list[onnx.TensorProto], seen_inits: set[str]) -> list[onnx.NodeProto]:
     """The body's nodes renamed under ``prefix`` (``names`` maps body names to outer
@@ -130,17 +161,10 @@ def _copy_body(body: onnx.GraphProto, prefix: str, names: dict[str, str],
             inits.append(c)
     nodes = []
     for k, n in enumerate(body.node):
-        c = onnx.NodeProto()
-        c.CopyFrom(n)
-        c.name = f"{prefix}{n.name or n.op_type + '_' + str(k)}"
-        del c.input[:]
-        c.input.extend(names.get(x, x) if x else x for x in n.input)
-        del c.output[:]
-        for o in n.output:
-            if o:
-                names[o] = f"{prefix}{o}"
-            c.output.append(names.get(o, o) if o else o)
-        nodes.append(c)
+        inputs = [names.get(x, x) if x else x for x in n.input]
+        names.update({o: f"{prefix}{o}" for o in n.output if o})
+        nodes.append(renamed_node(n, k, prefix, inputs,
+                                  [names.get(o, o) if o else o for o in n.output]))
     return nodes
 
 

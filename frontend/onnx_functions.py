@@ -16,6 +16,8 @@ from collections.abc import Collection
 import onnx
 from onnx import defs
 
+from .onnx_control import renamed_node, replace_nodes
+
 
 def expand_functions(proto: onnx.ModelProto, lowered: Collection[str]) -> bool:
     """Inline ``proto``'s local functions and expand the nodes whose op polyc does not
@@ -29,23 +31,13 @@ def expand_functions(proto: onnx.ModelProto, lowered: Collection[str]) -> bool:
         changed = True
     opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
                 default=1)
-    g = proto.graph
+    def expand(n: onnx.NodeProto, index: int) -> list[onnx.NodeProto] | None:
+        if n.domain in ("", "ai.onnx") and n.op_type not in lowered:
+            return _body(n, index, opset)
+        return None
     for _ in range(4):  # a body may itself use function ops
-        out: list[onnx.NodeProto] = []
-        expanded = False
-        for k, n in enumerate(g.node):
-            body = None
-            if n.domain in ("", "ai.onnx") and n.op_type not in lowered:
-                body = _body(n, k, opset)
-            if body is None:
-                out.append(n)
-            else:
-                out.extend(body)
-                expanded = True
-        if not expanded:
+        if not replace_nodes(proto.graph, expand):
             break
-        del g.node[:]
-        g.node.extend(out)
         changed = True
     return changed
 
@@ -67,13 +59,9 @@ def _body(n: onnx.NodeProto, index: int, opset: int) -> list[onnx.NodeProto] | N
                 if a.default_value is not None and a.default_value.name}
     nodes = []
     for j, b in enumerate(fn.node):
-        c = onnx.NodeProto()
-        c.CopyFrom(b)
-        c.name = f"{prefix}{b.name or b.op_type + '_' + str(j)}"
-        del c.input[:]
-        c.input.extend(names.get(x, f"{prefix}{x}") if x else "" for x in b.input)
-        del c.output[:]
-        c.output.extend(names.get(x, f"{prefix}{x}") if x else "" for x in b.output)
+        c = renamed_node(b, j, prefix,
+                         [names.get(x, f"{prefix}{x}") if x else "" for x in b.input],
+                         [names.get(x, f"{prefix}{x}") if x else "" for x in b.output])
         del c.attribute[:]
         for a in b.attribute:
             if not a.ref_attr_name:

@@ -48,22 +48,45 @@ def one_hot(node: Node, ctx: LowerContext) -> Lowered:
                                            f"{on} : {off}")])
 
 
+def _blocks(node: Node, ctx: LowerContext) -> tuple[int, str]:
+    """SpaceToDepth's and DepthToSpace's block size and mode, checked."""
+    b = int(node.attr("blocksize", 0))
+    if b < 1 or ctx.rank(node.inputs[0]) != 4:
+        raise unsupported(node, f"blocksize {b} on a rank-{ctx.rank(node.inputs[0])} input")
+    mode = str_attr(node, "mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise unsupported(node, f"mode {mode!r}")
+    return b, mode
+
+
 @register("SpaceToDepth")
 def space_to_depth(node: Node, ctx: LowerContext) -> Lowered:
+    """Output channel ``q`` holds channel ``c`` at block position ``(i, j)``: DCR
+    (depth-major) ``q = (i * b + j) * C + c``, CRD (channel-major) ``q = c * b*b + i * b
+    + j``."""
     x, y = node.inputs[0], node.outputs[0]
-    b = int(node.attr("blocksize", 0))
-    if b < 1 or ctx.rank(x) != 4:
-        raise unsupported(node, f"blocksize {b} on a rank-{ctx.rank(x)} input")
+    b, mode = _blocks(node, ctx)
     c = ctx.shape(x)[1]
-    idx = ["n", "q", "h", "w"]
-    mode = str_attr(node, "mode", "DCR")
-    if mode == "CRD":  # channel-major: q = c * b*b + (bh * b + bw)
-        src = ["n", f"q / {b * b}", f"{b}*h + (q % {b * b}) / {b}", f"{b}*w + q % {b}"]
-    elif mode == "DCR":  # q = (bh * b + bw) * C + c
-        src = ["n", f"q % {c}", f"{b}*h + (q / {c}) / {b}", f"{b}*w + (q / {c}) % {b}"]
+    if mode == "CRD":
+        ch, i, j = f"q / {b * b}", f"(q % {b * b}) / {b}", f"q % {b}"
     else:
-        raise unsupported(node, f"mode {mode!r}")
-    return Lowered([stmt(ctx, y, idx, "=", ref(ctx, x, src))])
+        ch, i, j = f"q % {c}", f"(q / {c}) / {b}", f"(q / {c}) % {b}"
+    src = ["n", ch, f"{b}*h + {i}", f"{b}*w + {j}"]
+    return Lowered([stmt(ctx, y, ["n", "q", "h", "w"], "=", ref(ctx, x, src))])
+
+
+@register("DepthToSpace")
+def depth_to_space(node: Node, ctx: LowerContext) -> Lowered:
+    """SpaceToDepth's inverse: output pixel ``(hh, ww)`` of channel ``c`` reads the
+    input channel of its block position ``(hh % b, ww % b)``."""
+    x, y = node.inputs[0], node.outputs[0]
+    b, mode = _blocks(node, ctx)
+    cp = ctx.shape(y)[1]  # the output's channels: C / (b*b)
+    i, j = f"hh % {b}", f"ww % {b}"
+    ch = f"c * {b * b} + ({i}) * {b} + {j}" if mode == "CRD" else \
+        f"(({i}) * {b} + {j}) * {cp} + c"
+    return Lowered([stmt(ctx, y, ["n", "c", "hh", "ww"], "=",
+                         ref(ctx, x, ["n", ch, f"hh / {b}", f"ww / {b}"]))])
 
 
 @register("TopK")
@@ -510,25 +533,6 @@ def control_flow(node: Node, ctx: LowerContext) -> Lowered:
     or trip count that is not static, a loop that runs no step, opset 8's batched
     Scan)."""
     raise unsupported(node, NOT_FLATTENED)
-
-
-@register("DepthToSpace")
-def depth_to_space(node: Node, ctx: LowerContext) -> Lowered:
-    x, y = node.inputs[0], node.outputs[0]
-    b = int(node.attr("blocksize", 0))
-    if b < 1 or ctx.rank(x) != 4:
-        raise unsupported(node, f"blocksize {b} on a rank-{ctx.rank(x)} input")
-    cp = ctx.shape(y)[1]  # the output's channels: C / (b*b)
-    mode = str_attr(node, "mode", "DCR")
-    i, j = f"hh % {b}", f"ww % {b}"  # the position inside the output's block
-    if mode == "DCR":  # input channel (i * b + j) * C' + c
-        ch = f"(({i}) * {b} + {j}) * {cp} + c"
-    elif mode == "CRD":  # input channel c * b*b + i * b + j
-        ch = f"c * {b * b} + ({i}) * {b} + {j}"
-    else:
-        raise unsupported(node, f"mode {mode!r}")
-    return Lowered([stmt(ctx, y, ["n", "c", "hh", "ww"], "=",
-                         ref(ctx, x, ["n", ch, f"hh / {b}", f"ww / {b}"]))])
 
 
 @register("ReverseSequence")

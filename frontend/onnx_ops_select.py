@@ -164,18 +164,14 @@ def unique(node: Node, ctx: LowerContext) -> Lowered:
             return ref(ctx, x, o[:a] + [k] + o[a:])
         # slices compared entry by entry (row-major): where they first differ
         width = int(np.prod(oshape))
-        diff = ctx.temp("diff")
-        stmts.append(temp_stmt(
-            ctx, diff, ["j", "k"], (n, n), "min=!",
-            f"{_same(at('j', other), at('k', other), dt)} ? {width} : "
-            f"{_linear(other, oshape)}",
-            lets=[f"{o} in 0:{m}" for o, m in zip(other, oshape)]))
-        lt = ctx.temp("lt")
-        stmts.append(temp_stmt(
-            ctx, lt, ["j", "k"], (n, n), "max=!",
-            f"({_linear(other, oshape)} == {diff}(j, k) && "
-            f"{_before(at('j', other), at('k', other), dt)}) ? 1 : 0",
-            lets=[f"{o} in 0:{m}" for o, m in zip(other, oshape)]))
+        diff, lt = ctx.temp("diff"), ctx.temp("lt")
+        pos = _linear(other, oshape)
+        xj, xk = at("j", other), at("k", other)
+        for name, op, value in (
+                (diff, "min=!", f"{_same(xj, xk, dt)} ? {width} : {pos}"),
+                (lt, "max=!", f"({pos} == {diff}(j, k) && {_before(xj, xk, dt)}) ? 1 : 0")):
+            stmts.append(temp_stmt(ctx, name, ["j", "k"], (n, n), op, value,
+                                   lets=[f"{o} in 0:{m}" for o, m in zip(other, oshape)]))
         same = lambda j, k: f"({diff}({j}, {k}) == {width})"  # noqa: E731
         less = lambda j, k: f"({lt}({j}, {k}) != 0)"  # noqa: E731
     # the first occurrence of each entry's value, and the rank of that value among the
