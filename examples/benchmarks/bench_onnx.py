@@ -1,7 +1,8 @@
 """Benchmark: whole ONNX models compiled by polyc against onnxruntime, side by side.
 
     python3 examples/benchmarks/bench_onnx.py [--models mlp,small_cnn,transformer_layer,resnet50,
-                                                        resnet50_int8,resnet50_fp16]
+                                                        resnet50_int8,resnet50_fp16,
+                                                        detector_tail]
                                               [--repeat 15] [--threads 1,2] [--rounds 5]
                                               [--tune [SECONDS]]
 
