@@ -430,6 +430,8 @@ class BodyPrinter:
                     else call(float_fn("floor", t), binary("/", a, b)))
         if op == "%":
             return call("polyc_mod" + _SUFFIX.get(t, "f" if t != "float64" else ""), a, b)
+        if op == "/" and t in _SUFFIX:  # total: no trap on 0 nor on INT_MIN / -1
+            return call("polyc_div" + _SUFFIX[t], a, b)
         return binary(op, a, b)
 
     def _call(self, e: E.Call, t: str) -> Piece:
@@ -584,19 +586,27 @@ def _prelude() -> str:
         "#include <stdint.h>", "#include <stdbool.h>", "#include <stdlib.h>",
         "#include <string.h>", "#include <math.h>", "#include <pthread.h>", "",
         "/* helpers: floor division and modulo round towards -infinity (as in isl and Python) */"]
+    # integer division and modulo are total: by 0 they give 0 (as numpy), and the signed
+    # INT_MIN / -1 wraps (as numpy): the C operators trap on both (SIGFPE)
     for ct, sfx in (("uint32_t", "_u32"), ("uint64_t", "_u64")):
         lines += [
-            f"static inline {ct} polyc_floord{sfx}({ct} a, {ct} b) {{ return a / b; }}",
-            f"static inline {ct} polyc_mod{sfx}({ct} a, {ct} b) {{ return a % b; }}",
+            f"static inline {ct} polyc_div{sfx}({ct} a, {ct} b) {{ return b == 0 ? 0 : a / b; }}",
+            f"static inline {ct} polyc_floord{sfx}({ct} a, {ct} b) {{ return b == 0 ? 0 : a / b; }}",
+            f"static inline {ct} polyc_mod{sfx}({ct} a, {ct} b) {{ return b == 0 ? 0 : a % b; }}",
             f"static inline {ct} polyc_min{sfx}({ct} a, {ct} b) {{ return a < b ? a : b; }}",
             f"static inline {ct} polyc_max{sfx}({ct} a, {ct} b) {{ return a > b ? a : b; }}",
             f"static inline {ct} polyc_abs{sfx}({ct} a) {{ return a; }}"]
-    for ct, sfx in (("int32_t", "_i32"), ("int64_t", "_i64")):
+    for ct, sfx, uct in (("int32_t", "_i32", "uint32_t"), ("int64_t", "_i64", "uint64_t")):
+        neg = f"({ct})(({uct})0 - ({uct})a)"  # -a, wrapping
         lines += [
+            (f"static inline {ct} polyc_div{sfx}({ct} a, {ct} b) "
+             f"{{ return b == 0 ? 0 : b == -1 ? {neg} : a / b; }}"),
             (f"static inline {ct} polyc_floord{sfx}({ct} a, {ct} b) "
-             "{ return a / b - (a % b != 0 && (a < 0) != (b < 0)); }"),
+             f"{{ return b == 0 ? 0 : b == -1 ? {neg} : "
+             "a / b - (a % b != 0 && (a < 0) != (b < 0)); }"),
             (f"static inline {ct} polyc_mod{sfx}({ct} a, {ct} b) "
-             f"{{ const {ct} r = a % b; return r != 0 && (r < 0) != (b < 0) ? r + b : r; }}"),
+             f"{{ if (b == 0 || b == -1) return 0; const {ct} r = a % b; "
+             "return r != 0 && (r < 0) != (b < 0) ? r + b : r; }"),
             f"static inline {ct} polyc_min{sfx}({ct} a, {ct} b) {{ return a < b ? a : b; }}",
             f"static inline {ct} polyc_max{sfx}({ct} a, {ct} b) {{ return a > b ? a : b; }}",
             f"static inline {ct} polyc_abs{sfx}({ct} a) {{ return a < 0 ? -a : a; }}"]

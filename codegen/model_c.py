@@ -97,7 +97,7 @@ def interface_doc(p: Parts) -> list[str]:
                "it is written",
                f"    at its largest, {_shape(t)}; output {k} ({c.cname}) receives the number "
                "of valid entries",
-               "    along that axis (the rest are zeros)"]
+               "    along that axis (the rest is padding)"]
     return io
 
 

@@ -256,7 +256,9 @@ def _unroll_loop(n: onnx.NodeProto, made_by: dict[str, onnx.NodeProto],
     flag -- the initial condition, then each step's ``cond_out`` and-ed in -- its
     states advancing only while the flag holds (``Where``), and each scan output keeps
     the steps that ran: ``Compress`` by the flags, an output whose length depends on
-    the data (see :mod:`.onnx_dynamic`)."""
+    the data (see :mod:`.onnx_dynamic`). The copies past the loop's end are computed and
+    dropped: a body whose indices polyc checks at run time is not unrolled so (integer
+    division by zero, also possible there, is 0 in polyc, never a trap)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
     body = attrs["body"]
     if not _tensor_only(body) or not n.input or not n.input[0]:
@@ -276,15 +278,24 @@ def _unroll_loop(n: onnx.NodeProto, made_by: dict[str, onnx.NodeProto],
     static = first is not None and bool(np.asarray(first).reshape(-1)[0]) and passes_on
     if first is not None and not bool(np.asarray(first).reshape(-1)[0]):
         return None  # no step runs: the scan outputs are empty
+    if not static and any(x.op_type in _CHECKED_INDEX_OPS for x in body.node):
+        # the copies past the loop's end run too (their results are dropped): an index
+        # they compute from the last state could fail a run-time check on valid input
+        return None
     base = n.name or f"loop_{n.output[0]}"
     nodes: list[onnx.NodeProto] = []
     seen: set[str] = set()
     state = list(n.input[2:])
+    scalar = _const(f"{base}/scalar", np.zeros(0, np.int64), inits)
+
+    def as_scalar(c: str, name: str) -> str:  # a condition given as [1]: a scalar
+        nodes.append(helper.make_node("Reshape", [c, scalar], [name], name=name))
+        return name
     k_out = len(body.output) - 1 - n_state
     collected: list[list[str]] = [[] for _ in range(k_out)]
     flags: list[str] = []
     true = _const(f"{base}/true", np.array(True), inits)
-    active = true if static or not cond_in else cond_in
+    active = true if static or not cond_in else as_scalar(cond_in, f"{base}/cond")
     for t in range(trips):
         prefix = f"{base}/iter{t}/"
         names = {b_iter: _const(f"{prefix}iteration", np.array(t, np.int64), inits),
@@ -304,7 +315,8 @@ def _unroll_loop(n: onnx.NodeProto, made_by: dict[str, onnx.NodeProto],
                 held.append(h)
             state = held
             nxt = f"{prefix}running"
-            nodes.append(helper.make_node("And", [active, outs[0]], [nxt], name=nxt))
+            nodes.append(helper.make_node("And", [active, as_scalar(outs[0], f"{prefix}cond")],
+                                          [nxt], name=nxt))
             active = nxt
         for k in range(k_out):
             collected[k].append(outs[1 + n_state + k])
@@ -336,6 +348,12 @@ def _unroll_loop(n: onnx.NodeProto, made_by: dict[str, onnx.NodeProto],
             nodes.append(helper.make_node("Compress", [stacked, mask], [out],
                                           name=f"{base}/out{k}/ran", axis=0))
     return nodes
+
+
+#: ops whose indices polyc checks at run time (a failed check stops the run)
+_CHECKED_INDEX_OPS = frozenset(["Gather", "GatherElements", "GatherND", "ScatterND",
+                                "ScatterElements", "NegativeLogLikelihoodLoss",
+                                "SoftmaxCrossEntropyLoss", "RoiAlign"])
 
 
 def _passes_on(body: onnx.GraphProto, out: str, inp: str) -> bool:

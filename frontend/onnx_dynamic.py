@@ -6,7 +6,9 @@ elements are non-zero, how many boxes survive. polyc compiles static shapes, so 
 output gets the extent it can at most have (its *bound*: every element non-zero, every
 element distinct, ``min(max_output_boxes_per_class, boxes)`` boxes kept per class), and
 the node computes one more output, its *count*: an int64 scalar, the number of valid
-entries along that axis. The entries past the count are zeros.
+entries along that axis. The entries past the count are padding (zeros out of the
+op itself; downstream, whatever the ops make of zeros -- integer division by them is 0,
+never a trap).
 
 The importer gives each such node its count output (:func:`with_count`); its lowering
 writes the count. Downstream, an op that maps entries to entries along that axis keeps
@@ -116,14 +118,15 @@ def propagate(node: Node, dyn: Mapping[str, Extent],
     def out(axis: int, *names: str) -> dict[str, Extent]:
         return {o: Extent(axis, e0.count, e0.source) for o in (names or node.outputs) if o}
 
+    if op == "CastLike":  # its second input only gives the type
+        ins = [t for t in ins if t[0] == 0]
+        if not ins:
+            return {}
     if any(e.count != e0.count for _, _, e in ins):
         raise refuse("it combines tensors of two different data-dependent counts")
     if op in _elementwise() or op in ("Identity", "Dropout"):
-        if op == "CastLike":
-            ins = [t for t in ins if t[0] == 0]
-            if not ins:
-                return {}
-        rank = max(len(shape_of(x)) for x in node.inputs if x)
+        data = node.inputs[:1] if op == "CastLike" else node.inputs
+        rank = max(len(shape_of(x)) for x in data if x)
         axes = {rank - len(shape_of(x)) + e.axis for _, x, e in ins}
         if len(axes) != 1:
             raise refuse("its dynamic inputs are dynamic along different axes")

@@ -49,7 +49,17 @@ def _body(n: onnx.NodeProto, index: int, opset: int) -> list[onnx.NodeProto] | N
         return None
     if not schema.has_function:
         return None
-    fn = schema.function_body
+    # the body written for the newest version of the function not past the model's
+    # opset (MeanVarianceNormalization has one for opset 13, another for 18)
+    versions = [v for v in getattr(schema, "function_opset_versions", []) if v <= opset]
+    if versions:
+        fn = onnx.FunctionProto.FromString(schema.get_function_with_opset_version(max(versions)))
+    else:
+        fn = schema.function_body
+    body_opset = max((o.version for o in fn.opset_import if o.domain in ("", "ai.onnx")),
+                     default=0)
+    if body_opset > opset:
+        return None  # a body that needs a newer opset than the model's
     prefix = f"{n.name or n.op_type + '_' + str(index)}/"
     names = {x: y for x, y in zip(fn.input, n.input)}
     names.update({x: "" for x in list(fn.input)[len(n.input):]})  # omitted optional inputs

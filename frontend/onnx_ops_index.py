@@ -19,6 +19,8 @@ on it:
 """
 from __future__ import annotations
 
+import numpy as np
+
 from polyc import dtypes as D
 from polyc.program import IndexCheck
 
@@ -656,6 +658,10 @@ def roi_align(node: Node, ctx: LowerContext) -> Lowered:
         value = f"{acc}(r, c, ph, pw)"
     stmts.append(stmt(ctx, y, ["r", "c", "ph", "pw"], "=",
                       value if dt == f else cast_to(dt, value)))
+    fixed = ctx.const(bidx)
+    if fixed is not None and (np.asarray(fixed) < 0).any() | (np.asarray(fixed) >= n).any():
+        raise unsupported(node, f"a batch index of {bidx!r} is out of range (valid: 0 to "
+                                f"{n - 1})")
     check = IndexCheck(-1, bidx, 0, n - 1,
                        f"node {node.name!r} (RoiAlign): batch index ",
                        f" of {bidx!r} is out of range (valid: 0 to {n - 1})")

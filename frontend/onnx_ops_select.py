@@ -230,14 +230,17 @@ def non_max_suppression(node: Node, ctx: LowerContext) -> Lowered:
     # the rank of each box by score (higher first, ties: lower index first), and the
     # box at each rank
     rk, order = ctx.temp("rank"), ctx.temp("order")
-    stmts = [temp_stmt(ctx, rk, ["b", "c", "i"], (nb, nc, s), "+=!",
-                       f"({sc('j')} > {sc('i')} || ({sc('j')} == {sc('i')} && j < i)) ? 1 : 0",
+    # (a NaN score ranks last, so that the ranks stay a permutation of the boxes)
+    sj, si = sc("j"), sc("i")
+    first = (f"({sj} > {si} || ({sj} == {si} && j < i) || ({sj} == {sj} && {si} != {si}) "
+             f"|| ({sj} != {sj} && {si} != {si} && j < i))")
+    stmts = [temp_stmt(ctx, rk, ["b", "c", "i"], (nb, nc, s), "+=!", f"{first} ? 1 : 0",
                        lets=[f"j in 0:{s}"]),
              temp_stmt(ctx, order, ["b", "c", "r"], (nb, nc, s), "+=!",
                        f"{rk}(b, c, i) == r ? int64(i) : 0", lets=[f"i in 0:{s}"])]
     # the corners (y1, x1, y2, x2) and area of the box at each rank
     corner = ctx.temp("corner")
-    box = lambda q: ref(ctx, boxes, ["b", f"{order}(b, c, r)", str(q)])  # noqa: E731
+    box = lambda q: ref(ctx, boxes, ["b", f"min({order}(b, c, r), {s - 1})", str(q)])  # noqa: E731
     if node.attr("center_point_box", 0):
         half = lambda q: f"{box(q)} / {lit(2.0, dt)}"  # noqa: E731
         values = [f"{box(1)} - {half(3)}", f"{box(0)} - {half(2)}",
@@ -269,7 +272,7 @@ def non_max_suppression(node: Node, ctx: LowerContext) -> Lowered:
                            lets=[f"q in 0:{s}"]))
     stmts.append(temp_stmt(ctx, seen, loop, shape3, "+=!",
                            f"(q < r && {keep}(q, b, c) != 0) ? 1 : 0", lets=[f"q in 0:{s}"]))
-    passes = f" && {sc(f'{order}(b, c, r)')} > {score_thr}" if score_thr else ""
+    passes = f" && {sc(f'min({order}(b, c, r), {s - 1})')} > {score_thr}" if score_thr else ""
     stmts.append(temp_stmt(ctx, keep, loop, shape3, "=",
                            f"({sup}(r, b, c) == 0 && {seen}(r, b, c) < {per_class}{passes})"
                            f" ? 1 : 0"))

@@ -187,7 +187,7 @@ def fold_empty_tensors(graph: Graph, stats: Counter | None = None) -> Graph:
     nodes: list[Node] = []
     for n in graph.nodes:
         outs = [o for o in n.outputs if o]
-        if outs and all(0 in graph.tensors[o].shape for o in outs if o in graph.tensors):
+        if outs and all(o in graph.tensors and 0 in graph.tensors[o].shape for o in outs):
             stats["empty"] += 1
             continue
         if n.op_type == "Concat" and n.domain in ("", "ai.onnx"):

@@ -63,10 +63,11 @@ def _is_affine_comparison(e: E.Expr) -> bool:
             and has_index(e.a) and has_index(e.b))
 
 
-def _constant(e: E.Expr) -> float | None:
-    """The value of a constant expression (``0.0``, ``-(1.0/0.0)``), else None."""
+def _constant(e: E.Expr) -> int | float | None:
+    """The value of a constant expression (``0``, ``-(1.0/0.0)``), else None: integers
+    stay exact (an int64 bound is not rounded to a float)."""
     if isinstance(e, E.Const):
-        return None if isinstance(e.value, bool) else float(e.value)
+        return None if isinstance(e.value, bool) else e.value
     if isinstance(e, E.Unary) and e.op == "-":
         v = _constant(e.x)
         return None if v is None else -v
@@ -74,6 +75,8 @@ def _constant(e: E.Expr) -> float | None:
         a, b = _constant(e.a), _constant(e.b)
         if a is None or b is None:
             return None
+        if isinstance(a, int) and isinstance(b, int) and e.op != "/":
+            return {"+": a + b, "-": a - b, "*": a * b}[e.op]
         with np.errstate(all="ignore"):
             x, y = np.float64(a), np.float64(b)
             return float({"+": x + y, "-": x - y, "*": x * y, "/": x / y}[e.op])
@@ -82,7 +85,12 @@ def _constant(e: E.Expr) -> float | None:
 
 def _is_identity(e: E.Expr, op: str, dtype: str) -> bool:
     v = _constant(e)
-    return v is not None and v == float(reduction_identity(op, dtype).value)
+    want = reduction_identity(op, dtype).value
+    if v is None:
+        return False
+    if isinstance(v, int) and isinstance(want, int):
+        return v == want
+    return float(v) == float(want)
 
 
 def _restricted(s: Statement, kernel: Kernel) -> Statement:

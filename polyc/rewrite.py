@@ -430,9 +430,10 @@ def fold_storage(kernel: Kernel, array: str, slots: int) -> Kernel:
     Each step must read only the ``slots`` last steps' values, so that a slot is never
     overwritten before its last read. Checked on the accesses: every write's first index
     is the statement's first iterator (the step ``t``), and they all run in one loop
-    (one statement, or statements sharing their outer loop: ``kernel.order``); every
-    read's is ``t - c`` with ``0 <= c < slots`` in a statement of that loop, or a
-    constant among the last ``slots`` steps (the final state, read after the loop).
+    (one statement, or statements sharing their outer loop: ``kernel.order``), a
+    reduction's with its initialisation; every read's is ``t - c`` with
+    ``0 <= c < slots`` in a statement of that loop, or a constant among the last
+    ``slots`` steps in a statement after the loop (the final state).
     The dependences of the new kernel (the slots' reuse adds anti and output
     dependences) are computed from scratch, so the schedule is checked as any other.
     With as many slots as steps, the kernel is returned as it is."""
@@ -466,7 +467,17 @@ def fold_storage(kernel: Kernel, array: str, slots: int) -> Kernel:
                             E.Index(it), E.Const(slots))
         return E.Const(int(E.evaluate(e, {})) % slots)
 
-    writers = {_loop_of(kernel, s) for s in kernel.statements if s.write.array == array}
+    writing = [s for s in kernel.statements if s.write.array == array]
+    writers = {_loop_of(kernel, s) for s in writing}
+    if len(writers) != 1:
+        raise ScheduleError(f"fold_storage: the statements writing {array!r} "
+                            f"({', '.join(s.name for s in writing)}) do not share one loop")
+    if any(s.is_reduction for s in writing) and not any(s.kind == "init" for s in writing):
+        # an update reads its own target: without an initialisation in the loop each
+        # step would accumulate onto the slot's previous contents
+        raise ScheduleError(f"fold_storage: {array!r} is reduced without being "
+                            f"initialised in its loop")
+    last_writer = max(kernel.position(s.name)[0] for s in writing)
 
     def check_read(r: E.Read, s: Statement) -> None:
         it = s.iterators[0] if s.iterators else None
@@ -478,7 +489,8 @@ def fold_storage(kernel: Kernel, array: str, slots: int) -> Kernel:
             v = int(E.evaluate(e, {}))
         except (ValueError, KeyError):
             v = None
-        if v is not None and steps - slots <= v < steps:
+        after = kernel.position(s.name)[0] > last_writer  # once the loop is over
+        if v is not None and steps - slots <= v < steps and after:
             return
         raise ScheduleError(f"fold_storage: {s.name} reads {array!r} at step "
                             f"{E.show(e)}, not one of the last {slots}")

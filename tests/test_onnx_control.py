@@ -145,3 +145,13 @@ def test_scan_running_sum():
     rng = np.random.default_rng(1)
     _check(model, {"s0": rng.standard_normal(4).astype(np.float32),
                    "xs": rng.standard_normal((5, 4)).astype(np.float32)})
+
+
+def test_loop_condition_of_shape_one():
+    """Runtimes take a Loop condition of shape [1] as well as a scalar."""
+    body = _loop_body(40.0)
+    body.input[1].type.tensor_type.shape.dim.add().dim_value = 1
+    m = numpy_helper.from_array(np.array(5, np.int64), "m")
+    model = _model([helper.make_node("Loop", ["m", "c", "x"], ["xf", "xs"], body=body)],
+                   [("x", F, [3]), ("c", B, [1])], [("xf", F), ("xs", F)], [m])
+    _check(model, {"x": np.array([1, 2, 3], np.float32), "c": np.array([True])})

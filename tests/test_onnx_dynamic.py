@@ -253,3 +253,26 @@ def test_c_program_reads_the_count(tmp_path):
     x = np.array([[0, 1, 0, -2], [0, 0, 0, 0], [3, 0, 0, 4]], np.float32)
     want = np.array(np.nonzero(x))
     assert run.stdout.split() == [str(want.shape[1])] + [str(v) for v in want.reshape(-1)]
+
+
+def test_nms_with_nan_scores_and_castlike():
+    """NaN scores rank last (the ranks stay a permutation: no read past the boxes); a
+    CastLike of a dynamic tensor keeps its axis whatever the rank of its type input."""
+    rng = np.random.default_rng(9)
+    boxes = _boxes(rng, 1, 6, 0)
+    scores = rng.random((1, 1, 6)).astype(np.float32)
+    scores[0, 0, [1, 4]] = np.nan
+    k = numpy_helper.from_array(np.array([6], np.int64), "k")
+    like = numpy_helper.from_array(np.zeros((1, 1, 1), np.float32), "like")
+    nodes = [helper.make_node("NonMaxSuppression", ["boxes", "scores", "k"], ["sel"]),
+             helper.make_node("CastLike", ["sel", "like"], ["self"])]
+    model = _model(nodes, [("boxes", F, [1, 6, 4]), ("scores", F, [1, 1, 6])],
+                   [("sel", I64), ("self", F)], [k, like], opset=15)
+    compiled = polyc.compile_onnx(model)
+    sel, self_ = compiled.run(None, {"boxes": boxes, "scores": scores})
+    assert compiled.dynamic_outputs["self"][0] == 0
+    assert sel.shape[1] == 3 and self_.shape == sel.shape
+    finite = [int(i) for i in sel[:, 2] if not np.isnan(scores[0, 0, i])]
+    ranked = sorted(finite, key=lambda i: (-scores[0, 0, i], i))
+    assert finite == [i for i in ranked if i in finite]  # the finite ones in score order
+    assert set(int(i) for i in sel[:, 2]) <= set(range(6))

@@ -173,3 +173,12 @@ def test_empty_tensors_fold_to_constants():
     model = _model(nodes, [("x", F, [2, 5])], [("y", F), ("z", F), ("e2", F)],
                    [ints("s0", [3]), ints("s1", [3]), ints("ax", [1])], opset=18)
     _check(model, {"x": RNG.standard_normal((2, 5)).astype(np.float32)})
+
+
+def test_function_body_of_the_models_opset():
+    """MeanVarianceNormalization at opset 15 expands into the opset-13 body (its opset-18
+    body passes ReduceMean's axes as an input, which opset 15 does not have)."""
+    model = _model([helper.make_node("MeanVarianceNormalization", ["x"], ["m"])],
+                   [("x", F, [2, 3, 4, 5])], [("m", F)], opset=15)
+    _check(model, {"x": RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)},
+           use_ort=False, rtol=1e-4, atol=1e-5)

@@ -516,3 +516,33 @@ def test_lrn_even_size():
     model = make_model([node], [("x", F, x.shape)], [("y", F, x.shape)])
     got = run_program(compile_model(model), {"x": x})
     assert_close(got, [lrn_spec(x, 4, 0.05, 0.6, 1.5)])
+
+
+@pytest.mark.parametrize("target", [{}, {"target": "cuda", "emulate": True}],
+                         ids=["c", "cuda-emulated"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.int8, np.uint16])
+def test_integer_division_by_zero_does_not_trap(dtype, target):
+    """C's integer / and % trap (SIGFPE) on a zero divisor and on INT_MIN / -1, killing
+    the caller's process. polyc's are total, as numpy's: 0 for a zero divisor, INT_MIN
+    / -1 wraps."""
+    import polyc
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes = [helper.make_node("Div", ["a", "b"], ["q"]),
+             helper.make_node("Mod", ["a", "b"], ["r"], fmod=0)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, [6]) for n in "ab"],
+                          [helper.make_tensor_value_info(n, t, [6]) for n in "qr"])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    info = np.iinfo(dtype)
+    a = np.array([7, -7 if info.min < 0 else 9, 0, info.min, info.max, 5], dtype)
+    b = np.array([2, 0, 0, -1 if info.min < 0 else 1, 3, 0], dtype)
+    q, r = polyc.compile_onnx(m, **target).run(None, {"a": a, "b": b})
+    with np.errstate(all="ignore"):
+        want_r = np.where(b == 0, 0, np.mod(a, np.where(b == 0, 1, b))).astype(dtype)
+    def trunc_div(x: int, y: int) -> int:  # C's division, in Python's integers
+        if y == 0:
+            return 0
+        q = abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+        return info.min if q > info.max else q  # INT_MIN / -1 wraps to INT_MIN
+    want_q = np.array([trunc_div(int(x), int(y)) for x, y in zip(a, b)], dtype)
+    np.testing.assert_array_equal(q, want_q)
+    np.testing.assert_array_equal(r, want_r)

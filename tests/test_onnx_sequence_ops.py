@@ -120,3 +120,13 @@ def test_fold_storage_refuses_a_read_further_back():
     with pytest.raises(ScheduleError, match="S2 reads 'T' at step t, not one of the last 4"):
         fold_storage(k, "T", 4)  # every step of T, read after the loop
     assert fold_storage(k, "T", 8) is k
+
+
+def test_fold_storage_refuses_a_reduction_over_steps():
+    """``H(t, i) +=! X(t, i, j)``, read at one step afterwards: its initialisation and its
+    updates are separate loops, so one slot would sum every step's values."""
+    k = from_tc("def f(float(5,3,4) X) -> (Y) {\n"
+                " H(t, i) +=! X(t, i, j)\n"
+                " Y(i) = H(4, i)\n}")
+    with pytest.raises(ScheduleError, match="do not share one loop"):
+        fold_storage(k, "H", 1)
