@@ -203,11 +203,19 @@ def dynamic_extents(graph: Graph) -> dict[str, Extent]:
 
     for n in graph.nodes:
         dyn.update(propagate(n, dyn, shape_of, graph.constants.get))
-        count = count_of(n)
-        if count is not None:
-            for k, axis in dynamic_axes(n).items():
-                o = n.outputs[k]
-                if o:
-                    rank = len(shape_of(o))
-                    dyn[o] = Extent(axis + rank if axis < 0 else axis, count, n.name)
+        dyn.update(made_extents(n, shape_of))
     return dyn
+
+
+def made_extents(node: Node, shape_of: Callable[[str], tuple[int, ...]]) -> dict[str, Extent]:
+    """The extents a data-dependent node (one given its count) makes: its dynamic
+    outputs, each along its (normalised) axis."""
+    count = count_of(node)
+    if count is None:
+        return {}
+    out = {}
+    for k, axis in dynamic_axes(node).items():
+        o = node.outputs[k]
+        if o:
+            out[o] = Extent(axis % max(len(shape_of(o)), 1), count, node.name)
+    return out

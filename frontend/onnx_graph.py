@@ -88,7 +88,7 @@ class Lowered:
     #: ``(temporary, k)``: a temporary indexed first by a shared loop's iterator whose
     #: steps read only the last ``k`` steps' values: stored in ``k`` slots (see
     #: :func:`polyc.rewrite.fold_storage`)
-    rolling: tuple[tuple[str, int], ...] = ()
+    folds: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from polyc.errors import CompileError
 
 from .onnx_control import NOT_FLATTENED, flatten_control_flow
 from .onnx_functions import expand_functions
-from .onnx_dynamic import Extent, count_of, dynamic_axes, is_data_dependent, propagate, \
+from .onnx_dynamic import Extent, count_of, is_data_dependent, made_extents, propagate, \
     with_count
 from .onnx_graph import Graph, Node, TensorInfo, UnsupportedOpError
 from .onnx_validate import OnnxValidationError, check_declared_dims, check_opsets, \
@@ -700,12 +700,7 @@ def _to_graph(proto: onnx.ModelProto, where: str, strict_error: str | None = Non
             _add_bounds(node, expected, tensors, infos,
                         every=count_of(node) is not None or bool(found))
             dynamic.update(found)
-            count = count_of(node)
-            if count is not None:
-                for k, axis in dynamic_axes(node).items():
-                    if node.outputs[k]:
-                        rank = len(tensors[node.outputs[k]].shape)
-                        dynamic[node.outputs[k]] = Extent(axis % max(rank, 1), count, name)
+            dynamic.update(made_extents(node, shape_of))
         for o in node.outputs:
             if o:
                 producer[o] = name

@@ -282,7 +282,7 @@ class _ProgramBuilder:
         text = f"def {kname}({params}) -> ({rets}) {{\n{body}\n}}\n"
         kernel = self.compile_tc(text, where)
         kernel = _share_loops(kernel, results)
-        folds = tuple(f for r in results for f in r.rolling)
+        folds = tuple(f for r in results for f in r.folds)
         if folds:  # applied once scheduled (polyc.pipeline.fold_storage_hints)
             kernel = replace(kernel, folds=folds)
         self.verify(kernel, ctx, where, text)

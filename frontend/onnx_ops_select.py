@@ -92,7 +92,6 @@ def non_zero(node: Node, ctx: LowerContext) -> Lowered:
     shape = ctx.shape(x)
     if not shape:
         raise unsupported(node, "a rank-0 input")
-    n = int(np.prod(shape))
     i, j = idx_names(len(shape), "i"), idx_names(len(shape), "j")
     rng_i = [f"{a} in 0:{m}" for a, m in zip(i, shape)]
     rng_j = [f"{a} in 0:{m}" for a, m in zip(j, shape)]
@@ -105,7 +104,6 @@ def non_zero(node: Node, ctx: LowerContext) -> Lowered:
                       f"({_truth(ctx, x, i)} && {pos}({', '.join(i)}) == r) ? {coord} : 0",
                       extra=rng_i))
     stmts += _count_stmt(ctx, node, _truth(ctx, x, i), rng_i)
-    assert ctx.shape(y) == (len(shape), n)
     return Lowered(stmts)
 
 

@@ -11,7 +11,7 @@
   ``v'_t = beta_t (v_t - a_t S_{t-1}^T k_t)``), and grouped-query heads (each state
   read by ``q_num_heads / kv_num_heads`` query heads). The step's statements share
   their loop over time (``Lowered.loops``, as the RNNs do); the state's storage is
-  folded to two steps (``Lowered.rolling``: slot ``t % 2``), the step's temporaries
+  folded to two steps (``Lowered.folds``: slot ``t % 2``), the step's temporaries
   to one, so memory does not grow with the sequence (the dependences on a slot's
   previous contents keep the steps in order). Computed in float32 (a float16
   model's state too), as onnx's reference does.
@@ -111,12 +111,12 @@ def linear_attention(node: Node, ctx: LowerContext) -> Lowered:
     decayed = ctx.temp("decayed")
     stmts.append(temp_stmt(ctx, decayed, ["t", "b", "h", "d", "m"], shape, "=", before))
     dec = lambda d, m: f"{decayed}(t, b, h, {d}, {m})"  # noqa: E731
-    rolling = [(s, 2), (decayed, 1)]
+    folds = [(s, 2), (decayed, 1)]
     if delta:
         got = ctx.temp("retrieved")
         stmts.append(temp_stmt(ctx, got, ["t", "b", "h", "m"], (steps, nb, hk, dv), "+=!",
                                f"{dec('e', 'm')} * {kv('e')}", lets=[f"e in 0:{dk}"]))
-        rolling.append((got, 1))
+        folds.append((got, 1))
         bw = ctx.shape(beta)[2]
         bt = rd(beta, ["b", "t", "h" if bw == hk else "0"])
         new_v = f"{bt} * ({vv('m')} - {got}(t, b, h, m))"
@@ -139,4 +139,4 @@ def linear_attention(node: Node, ctx: LowerContext) -> Lowered:
         sdt = ctx.dtype(present_state)
         stmts.append(stmt(ctx, present_state, ["b", "h", "d", "m"], "=",
                           last if sdt == f32 else cast_to(sdt, last)))
-    return Lowered(stmts, loops=loops, scaffold=tuple(scaffold), rolling=tuple(rolling))
+    return Lowered(stmts, loops=loops, scaffold=tuple(scaffold), folds=tuple(folds))

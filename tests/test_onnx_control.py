@@ -134,7 +134,8 @@ def test_if_on_data_and_on_a_shape(target):
         _check(model, {"x": rng.standard_normal((2, 5)).astype(np.float32)}, target)
 
 
-def test_scan_running_sum():
+@pytest.mark.parametrize("target", TARGETS)
+def test_scan_running_sum(target):
     body = helper.make_graph([helper.make_node("Add", ["s_in", "e"], ["s_out"]),
                               helper.make_node("Identity", ["s_out"], ["o"])], "scan_body",
                              [_vi("s_in", F, [4]), _vi("e", F, [4])],
@@ -144,7 +145,7 @@ def test_scan_running_sum():
                    [("s0", F, [4]), ("xs", F, [5, 4])], [("sf", F), ("ys", F)])
     rng = np.random.default_rng(1)
     _check(model, {"s0": rng.standard_normal(4).astype(np.float32),
-                   "xs": rng.standard_normal((5, 4)).astype(np.float32)})
+                   "xs": rng.standard_normal((5, 4)).astype(np.float32)}, target)
 
 
 def test_loop_condition_of_shape_one():

@@ -69,15 +69,16 @@ def test_nonzero(target):
     assert compiled.output_names == ["y"]
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("axis", [None, 0, -1])
-def test_compress(axis):
+def test_compress(axis, target):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((4, 9)).astype(np.float32)
     n = 4 if axis == 0 else (9 if axis == -1 else 30)
     kw = {} if axis is None else {"axis": axis}
     model = _model([helper.make_node("Compress", ["x", "c"], ["y"], **kw)],
                    [("x", F, [4, 9]), ("c", B, [n])], [("y", F)])
-    compiled = _check(model, {"x": x, "c": rng.random(n) < 0.5}, {})
+    compiled = _check(model, {"x": x, "c": rng.random(n) < 0.5}, target)
     for c in (np.zeros(n, bool), np.ones(n, bool)):
         got, = compiled.run(None, {"x": x, "c": c})
         np.testing.assert_array_equal(got, np.compress(c, x, axis=axis))
@@ -150,7 +151,8 @@ def test_non_max_suppression(center, thresholds, target):
             np.testing.assert_array_equal(got, want)
 
 
-def test_detector_tail_keeps_the_count():
+@pytest.mark.parametrize("target", TARGETS)
+def test_detector_tail_keeps_the_count(target):
     """NMS -> the box column of its output -> the boxes themselves, and a Cast and a
     Transpose of NonZero: every op keeps the count, and each output is cut to it."""
     rng = np.random.default_rng(5)
@@ -177,7 +179,7 @@ def test_detector_tail_keeps_the_count():
     model = _model(nodes, [("boxes", F, [1, n, 4]), ("scores", F, [1, 1, n])],
                    [("scaled", F), ("nzf", F)], [two, zero, k, iou, scale, half],
                    opset=13)
-    compiled = _check(model, {"boxes": boxes, "scores": scores}, {})
+    compiled = _check(model, {"boxes": boxes, "scores": scores}, target)
     assert set(compiled.dynamic_outputs) == {"scaled", "nzf"}
     # the C library: bound-sized buffers, then one count per dynamic output
     source = compiled.source

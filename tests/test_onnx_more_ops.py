@@ -56,13 +56,14 @@ def test_depth_to_space(mode, target):
 
 
 @pytest.mark.parametrize("time_axis", [0, 1])
-def test_reverse_sequence(time_axis):
+@pytest.mark.parametrize("target", TARGETS)
+def test_reverse_sequence(time_axis, target):
     shape = [7, 4, 3] if time_axis == 0 else [4, 7, 3]
     model = _model([helper.make_node("ReverseSequence", ["x", "lens"], ["y"],
                                      time_axis=time_axis, batch_axis=1 - time_axis)],
                    [("x", F, shape), ("lens", I64, [4])], [("y", F)])
     _check(model, {"x": RNG.standard_normal(shape).astype(np.float32),
-                   "lens": np.array([7, 1, 4, 6], np.int64)})
+                   "lens": np.array([7, 1, 4, 6], np.int64)}, target)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -79,13 +80,14 @@ def test_tensor_scatter(mode, target):
            target, use_ort=False)
 
 
-def test_scatter_opset10():
+@pytest.mark.parametrize("target", TARGETS)
+def test_scatter_opset10(target):
     model = _model([helper.make_node("Scatter", ["x", "i", "u"], ["y"], axis=1)],
                    [("x", F, [3, 5]), ("i", I64, [3, 2]), ("u", F, [3, 2])], [("y", F)],
                    opset=10)
     _check(model, {"x": RNG.standard_normal((3, 5)).astype(np.float32),
                    "i": np.array([[0, 4], [2, 1], [3, 3]], np.int64),
-                   "u": RNG.standard_normal((3, 2)).astype(np.float32)})
+                   "u": RNG.standard_normal((3, 2)).astype(np.float32)}, target)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -102,7 +104,8 @@ def test_group_normalization(groups, target):
            use_ort=False, rtol=1e-4, atol=1e-5)
 
 
-def test_function_ops_are_expanded():
+@pytest.mark.parametrize("target", TARGETS)
+def test_function_ops_are_expanded(target):
     """HannWindow, MeanVarianceNormalization and SwiGLU have no lowering of their own:
     ONNX defines them as functions of other ops, and their bodies compile."""
     size = numpy_helper.from_array(np.array(10, np.int64), "n")
@@ -113,7 +116,7 @@ def test_function_ops_are_expanded():
                    [("w", F), ("m", F), ("s", F)], [size], opset=28)
     _check(model, {"x": RNG.standard_normal((3, 4, 5)).astype(np.float32),
                    "x2": RNG.standard_normal((3, 4, 5)).astype(np.float32)},
-           use_ort=False, rtol=1e-4, atol=1e-5)
+           target, use_ort=False, rtol=1e-4, atol=1e-5)
 
 
 def test_local_functions_are_inlined():
@@ -160,7 +163,8 @@ def test_roi_align_batch_index_out_of_range():
         compiled.run(None, feed)
 
 
-def test_empty_tensors_fold_to_constants():
+@pytest.mark.parametrize("target", TARGETS)
+def test_empty_tensors_fold_to_constants(target):
     """An empty Slice concatenated with data, a reduction over an empty axis (its
     identity) and an empty graph output: no kernel sees an extent of 0."""
     ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
@@ -172,7 +176,7 @@ def test_empty_tensors_fold_to_constants():
              helper.make_node("Neg", ["empty"], ["e2"])]
     model = _model(nodes, [("x", F, [2, 5])], [("y", F), ("z", F), ("e2", F)],
                    [ints("s0", [3]), ints("s1", [3]), ints("ax", [1])], opset=18)
-    _check(model, {"x": RNG.standard_normal((2, 5)).astype(np.float32)})
+    _check(model, {"x": RNG.standard_normal((2, 5)).astype(np.float32)}, target)
 
 
 def test_function_body_of_the_models_opset():
