@@ -107,7 +107,7 @@ class Window:
         return out
 
 
-def _guarded(guards: list[str], value: str, other: str) -> str:
+def guarded(guards: list[str], value: str, other: str) -> str:
     return f"({' && '.join(guards)}) ? {value} : {other}" if guards else value
 
 
@@ -237,7 +237,7 @@ def _phase_copy(ctx: LowerContext, x: str, dst: str, win: Window, pad: str | Non
         ranges += [(ph[d], 0, s), (q[d], 0, -(-ext // s))]
     xval = read(ctx.name(x), ["n", "ci"] + idx)
     zero = pad or literal(0.0, ctx.dtype(x))
-    return f"{lhs(dst, ['n', 'ci'] + ph + q)} = {_guarded(guards, xval, zero)}{where(ranges)}"
+    return f"{lhs(dst, ['n', 'ci'] + ph + q)} = {guarded(guards, xval, zero)}{where(ranges)}"
 
 
 def _padded_copy(ctx: LowerContext, x: str, dst: str, win: Window, before: list[str],
@@ -260,7 +260,7 @@ def _padded_copy(ctx: LowerContext, x: str, dst: str, win: Window, before: list[
                                           for d in range(k)])
     zero = pad or literal(0.0, ctx.dtype(x))
     ranges = [("n", 0, xs[0]), ("ci", 0, xs[1])] + [(p[d], 0, ext[d]) for d in range(k)]
-    return f"{lhs(dst, before + p + after)} = {_guarded(guards, xval, zero)}{where(ranges)}"
+    return f"{lhs(dst, before + p + after)} = {guarded(guards, xval, zero)}{where(ranges)}"
 
 
 def _conv_channels_last(node: Node, ctx: LowerContext) -> Lowered:
@@ -374,7 +374,7 @@ def conv_transpose(node: Node, ctx: LowerContext) -> Lowered:
     # the read under the divisibility guard is bounded by an `exists` clause: the
     # domain keeps only the points reading inside X
     clauses = where(ranges) + (f", exists {xread}" if guards else "")
-    stmts = [f"{lhs(ctx.name(y), out_idx)} +=! {_guarded(guards, prod, literal(0.0, dt))}"
+    stmts = [f"{lhs(ctx.name(y), out_idx)} +=! {guarded(guards, prod, literal(0.0, dt))}"
              f"{clauses}"]
     if b:
         stmts.append(_bias(ctx, ctx.name(y), ctx.shape(y), b, out_idx))
@@ -567,7 +567,7 @@ def average_pool(node: Node, ctx: LowerContext) -> Lowered:
         cguards += win.guards(d, o[d], r[d], lo, hi)
         cranges.append((r[d], 0, win.kernel[d]))
     one, zero = literal(float(factor), dt), literal(0.0, dt)
-    stmts.insert(0, f"{cnt}({', '.join(o)}) +=! {_guarded(cguards, one, zero)}"
+    stmts.insert(0, f"{cnt}({', '.join(o)}) +=! {guarded(cguards, one, zero)}"
                     f"{where(cranges)}")
     stmts += [f"{target} = {target} / {cnt}({', '.join(o)}){where(nc + rs)}"
               for rs in out_sets]

@@ -236,16 +236,56 @@ def qlinear_conv(node: Node, ctx: LowerContext) -> Lowered:
 
 @register("PolycRequantize")
 def requantize(node: Node, ctx: LowerContext) -> Lowered:
-    """polyc's own op (made by the QDQ fusion): ``y = saturate(rint(acc * x_scale *
-    w_scale / y_scale) + y_zero)`` of a convolution's exact sums ``acc``."""
+    """polyc's own op (made by the QDQ fusion): ``y = saturate(rint((acc + bias) *
+    x_scale * w_scale / y_scale) + y_zero)`` of a convolution's exact sums ``acc``, the
+    optional sixth input an int32 bias per output channel."""
     acc, xs_, ws_, ys_, zy = node.inputs[:5]
+    bias = node.inputs[5] if present(node, 5) else ""
     return Lowered([_requantize(node, ctx, ctx.name(acc), xs_, ws_, ys_,
-                                zy, node.outputs[0])])
+                                zy, node.outputs[0], bias)])
+
+
+@register("PolycIm2Col")
+def im2col(node: Node, ctx: LowerContext) -> Lowered:
+    """polyc's own op (:func:`..onnx_passes.convs_as_dot_products`): the patches of a
+    convolution's input, ``cols(n, o.., k.., c) = x(n, c, o*s + k*d - pad..)``, the
+    input zero point (second input) in the padding."""
+    from .onnx_ops_nn import Window, guarded
+    from .onnx_ops_shape import lhs, names, read, where
+    x, cols = node.inputs[0], node.outputs[0]
+    xs, cs = ctx.shape(x), ctx.shape(cols)
+    k = len(xs) - 2
+    kernel = [int(v) for v in node.attr("kernel_shape")]
+    win = Window(node, xs[2:], cs[1:1 + k], kernel)
+    o, r = names("o", k), names("k", k)
+    guards = [g for d in range(k) for g in win.guards(d, o[d], r[d])]
+    value = read(ctx.name(x), ["n", "c"] + [win.index(d, o[d], r[d]) for d in range(k)])
+    pad = cast_to(ctx.dtype(x), _zero_point(node, ctx, 1, None, "the input's"))
+    ranges = [("n", 0, xs[0])] + [(o[d], 0, cs[1 + d]) for d in range(k)] + \
+        [(r[d], 0, kernel[d]) for d in range(k)] + [("c", 0, xs[1])]
+    return Lowered([f"{lhs(ctx.name(cols), ['n'] + o + r + ['c'])} = "
+                    f"{guarded(guards, value, pad)}{where(ranges)}"])
+
+
+@register("PolycConvDot")
+def conv_dot(node: Node, ctx: LowerContext) -> Lowered:
+    """polyc's own op: ``acc(n, m, o..) = sum_k int32(cols(n, o.., k)) * int32(wt(m, k))``
+    over a convolution's patches (``PolycIm2Col``, read flat) and its weights laid out
+    ``(M, K)``: a matmul contiguous along ``k`` in both operands."""
+    cols, wt, acc = node.inputs[0], node.inputs[1], node.outputs[0]
+    cs, ws, ys = ctx.shape(cols), ctx.shape(wt), ctx.shape(acc)
+    k = len(ys) - 2
+    flat = ctx.view(cols, tuple(cs[:1 + k]) + (ws[1],))
+    o = [f"o{d}" for d in range(k)]
+    value = f"int32({flat}({', '.join(['n'] + o + ['kk'])})) * int32({ref(ctx, wt, ['m', 'kk'])})"
+    return Lowered([stmt(ctx, acc, ["n", "m"] + o, "+=!", value,
+                         extra=[f"kk in 0:{ws[1]}"])])
 
 
 def _requantize(node: Node, ctx: LowerContext, acc: str, xs_: str, ws_: str, ys_: str,
-                zy: str, y: str) -> str:
-    """The requantization of the sums ``acc`` (a TC name shaped as ``y``) into ``y``."""
+                zy: str, y: str, bias: str = "") -> str:
+    """The requantization of the sums ``acc`` (a TC name shaped as ``y``, plus ``bias``
+    per output channel when given) into ``y``."""
     shape = ctx.shape(y)
     idx = ["n", "m"] + [f"o{d}" for d in range(len(shape) - 2)]
 
@@ -260,7 +300,10 @@ def _requantize(node: Node, ctx: LowerContext, acc: str, xs_: str, ws_: str, ys_
     # the multiplier in the scales' type, operation by operation, as ONNX's reference
     mult = f"double(({scalar(xs_)} * {scalar(ws_, True)}) / {scalar(ys_)})"
     yzp = f" + double({ref(ctx, zy, ['0'] * ctx.rank(zy))})" if zy else ""
-    q = f"round(double({acc}({', '.join(idx)})) * {mult}{yzp})"
+    total = f"{acc}({', '.join(idx)})"
+    if bias:
+        total = f"{total} + {ref(ctx, bias, ['m'])}"
+    q = f"round(double({total}) * {mult}{yzp})"
     if node.attr("polyc_relu", 0) and zy:
         q = f"max({q}, double({ref(ctx, zy, ['0'] * ctx.rank(zy))}))"
     return stmt(ctx, y, idx, "=", _saturated(q, dt))

@@ -48,7 +48,7 @@ FOLD_LIMIT_BYTES = 16 << 20
 #: ops that only re-view their input (lowered as views): kept out of fusion groups
 VIEW_OPS = frozenset(["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"])
 #: ops that start a fusion group (their elementwise consumers join them)
-ANCHOR_OPS = frozenset(["Conv", "ConvTranspose", "Gemm", "MatMul"])
+ANCHOR_OPS = frozenset(["Conv", "ConvTranspose", "Gemm", "MatMul", "PolycConvDot"])
 #: elementwise ops (each output element from the same element of the inputs, broadcast)
 ELEMENTWISE_OPS = frozenset([
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal",
@@ -58,7 +58,7 @@ ELEMENTWISE_OPS = frozenset([
     "Softplus", "Softsign", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sign", "Sin", "Cos",
     "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round",
     "Mod", "Cast", "CastLike", "IsNaN", "IsInf", "Mish", "BatchNormalization", "Swish",
-    "Shrink"])
+    "Shrink", "PolycRequantize"])
 #: the largest fusion group
 MAX_GROUP = 6
 
@@ -484,7 +484,8 @@ def eliminate_common_subexpressions(graph: Graph, stats: Counter | None = None) 
     return eliminate_dead_nodes(_replace(graph, nodes=nodes), stats)
 
 
-def fuse_qdq_convs(graph: Graph, stats: Counter | None = None) -> Graph:
+def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
+                   in_float: bool = True) -> Graph:
     """A QDQ-quantized convolution -- ``DequantizeLinear`` of an int8/uint8 input and
     weight (and of an int32 bias whose scale is the input's times the weight's), a float
     Conv, maybe a Relu, then ``QuantizeLinear`` -- becomes one ``QLinearConv`` on the
@@ -505,7 +506,8 @@ def fuse_qdq_convs(graph: Graph, stats: Counter | None = None) -> Graph:
         new = _qdq_conv(graph, n, made, users, outputs)
         if new is not None:
             node, replaced = new
-            fused[n.name] = _exact_in_float(node, graph, tensors, constants) or [node]
+            fused[n.name] = (in_float and _exact_in_float(node, graph, tensors, constants)) \
+                or [node]
             gone.update(replaced)
     if not fused:
         return graph
@@ -603,6 +605,95 @@ def _exact_in_float(q: Node, graph: Graph, tensors: dict[str, TensorInfo],
     nodes.append(Node(f"{q.name}_requantize", "PolycRequantize", (acc, sx, sw, sy, zy), (y,),
                       {"polyc_relu": q.attr("polyc_relu", 0)}))
     return nodes
+
+
+def convs_as_dot_products(graph: Graph, stats: Counter | None = None) -> Graph:
+    """Each ``QLinearConv`` (a model's own, or a fused QDQ convolution) with constant
+    weights, zero weight zero points, a constant input zero point and one group becomes
+    integer code built for the CPU's dot-product instructions:
+
+    * ``PolycIm2Col``: the input's patches, ``cols[n, o.., k.., c]`` (the padding is the
+      input zero point), so one output pixel's reduction is one contiguous run;
+    * ``PolycConvDot``: ``acc[n, m, o..] = sum_k cols[n, o.., k] * wt[m, k]`` in int32,
+      the weights laid out ``(M, K)`` at compile time -- both operands contiguous along
+      the reduction, the form the scheduler's dot-product register tiles take (int8
+      products become ``vpdpbusd`` on a CPU with VNNI);
+    * ``PolycRequantize`` with a bias of ``bias - x_zero * sum_k wt[m, k]`` (the input
+      zero point's share of the sum, taken out exactly).
+
+    The sums are exact; the result is QLinearConv's bit for bit."""
+    stats = stats if stats is not None else Counter()
+    tensors, constants = dict(graph.tensors), dict(graph.constants)
+    names = set(tensors) | set(constants)
+    node_names = {n.name for n in graph.nodes}
+    nodes: list[Node] = []
+    done = 0
+    for n in graph.nodes:
+        new = _conv_dot(n, tensors, constants, names, node_names) \
+            if n.op_type == "QLinearConv" else None
+        nodes.extend(new or [n])
+        done += new is not None
+    if not done:
+        return graph
+    stats["conv_dot"] += done
+    return eliminate_dead_nodes(_replace(graph, nodes=nodes, tensors=tensors,
+                                         constants=constants))
+
+
+#: int32 sums stay exact up to this many terms of ``255 * 128``
+_DOT_MAX_TERMS = (2 ** 31 - 1) // (255 * 128)
+
+
+def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.ndarray],
+              names: set[str], node_names: set[str]) -> list[Node] | None:
+    xq, sx, zx, wq, sw, zw, sy, zy = (list(q.inputs) + [""] * 8)[:8]
+    bias = q.inputs[8] if len(q.inputs) > 8 else ""
+    if not all(t in constants for t in (zx, wq, zw) + ((bias,) if bias else ())) or \
+            int(q.attr("group", 1)) != 1 or not zy:
+        return None
+    w = constants[wq].astype(np.int64)
+    if w.ndim < 3 or tensors[xq].dtype not in _INT8 or tensors[wq].dtype not in _INT8 \
+            or np.any(constants[zw] != 0) or constants[zx].size != 1:
+        return None
+    if list(q.attr("kernel_shape", w.shape[2:])) != list(w.shape[2:]):
+        return None
+    m = w.shape[0]
+    wt = np.moveaxis(w, 1, -1).reshape(m, -1)  # (M, k.., C): the patches' order
+    if wt.shape[1] > _DOT_MAX_TERMS:
+        return None
+    zxv = int(constants[zx].reshape(-1)[0])
+    b = constants[bias].astype(np.int64).reshape(-1) if bias else np.zeros(m, np.int64)
+    b = b - zxv * wt.sum(axis=1)
+    if b.shape != (m,) or np.abs(b).max(initial=0) >= 2 ** 31:
+        return None
+    y = q.outputs[0]
+    xs, ys = tensors[xq].shape, tensors[y].shape
+
+    def fresh(base: str, dtype: str, shape: tuple[int, ...], value=None) -> str:
+        name = _fresh(base, names)
+        names.add(name)
+        tensors[name] = TensorInfo(name, dtype, tuple(int(d) for d in shape))
+        if value is not None:
+            constants[name] = value
+        return name
+
+    def node_name(base: str) -> str:
+        name = _fresh(base, node_names)
+        node_names.add(name)
+        return name
+    geometry = {k: v for k, v in q.attrs.items() if k in ("auto_pad", "dilations", "pads",
+                                                          "strides", "kernel_shape")}
+    geometry["kernel_shape"] = list(w.shape[2:])
+    cols = fresh(f"{xq}_patches", tensors[xq].dtype,
+                 (xs[0],) + tuple(ys[2:]) + tuple(w.shape[2:]) + (xs[1],))
+    wtn = fresh(f"{wq}_rows", tensors[wq].dtype, wt.shape,
+                wt.astype(constants[wq].dtype))
+    acc = fresh(f"{y}_sum", "int32", ys)
+    bn = fresh(f"{bias or y}_centred", "int32", (m,), b.astype(np.int32))
+    return [Node(node_name(f"{q.name}_patches"), "PolycIm2Col", (xq, zx), (cols,), geometry),
+            Node(q.name, "PolycConvDot", (cols, wtn), (acc,)),
+            Node(node_name(f"{q.name}_requantize"), "PolycRequantize",
+                 (acc, sx, sw, sy, zy, bn), (y,), {"polyc_relu": q.attr("polyc_relu", 0)})]
 
 
 _INT8 = ("int8", "uint8")
@@ -750,12 +841,19 @@ def _prune_tensors(graph: Graph) -> Graph:
     return _replace(graph, constants=constants, tensors=tensors)
 
 
-def optimize_graph(graph: Graph, stats: dict[str, int] | None = None) -> Graph:
+def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
+                   integer_dot: bool = False) -> Graph:
     """Every pass, in a fixed order (see the module doc). The counts of what was done go
-    into ``stats`` when given, and are returned by :func:`pass_stats` afterwards."""
+    into ``stats`` when given, and are returned by :func:`pass_stats` afterwards.
+    ``integer_dot``: the target CPU has integer dot-product instructions (VNNI), so
+    quantized convolutions run on the integers (:func:`convs_as_dot_products`) rather
+    than as exact float convolutions."""
     c: Counter = Counter()
     before = len(graph.nodes)
-    graph = fuse_qdq_convs(graph, c)  # before folding turns DequantizeLinear(W) into floats
+    # before folding turns DequantizeLinear(W) into floats
+    graph = fuse_qdq_convs(graph, c, in_float=not integer_dot)
+    if integer_dot:
+        graph = convs_as_dot_products(graph, c)
     graph = fold_empty_tensors(graph, c)
     graph = fold_constants(graph, c)
     graph = remove_noops(graph, c)
@@ -767,7 +865,7 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None) -> Graph:
     graph = choose_conv_layouts(graph, c)
     c["nodes_before"] = before
     c["nodes_after"] = len(graph.nodes)
-    result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "half_in_float", "empty", "folded",
+    result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "conv_dot", "half_in_float", "empty", "folded",
                                              "noops",
                                              "batchnorm_folded", "cse",
                                              "cse_constants", "dead", "conv_channels_last",

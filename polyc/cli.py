@@ -285,7 +285,7 @@ def _compile_onnx(args: argparse.Namespace) -> int:
                          "(axes, pads, bounds, sizes or shapes compiled in): give their values "
                          f"with --value, e.g. --value {params[0]}=0,1")
     program = model.lower_onnx(source, _shapes(args.shape) or None,
-                               model.progress_printer(progress))
+                               model.progress_printer(progress), options)
     if args.emit == "report":  # the static GPU report of every operator (nvcc, no GPU)
         from .codegen.gpu_report import model_report
         source = model.model_source(program, options, name=name, progress=progress)
@@ -398,7 +398,7 @@ def _tune(args: argparse.Namespace) -> int:
     if _language(args) == "onnx":
         from . import model
         _check_onnx(args.file)
-        program = model.lower_onnx(args.file, _shapes(args.shape) or None)
+        program = model.lower_onnx(args.file, _shapes(args.shape) or None, options=options)
         kernels = list({kernel_key(s.kernel): s.kernel for s in program.steps}.values())
     else:
         source = _read_tc(args.file)

@@ -282,8 +282,13 @@ _SCHEDULES_MAX = 4096
 
 
 def lower_onnx(model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
-               progress: Progress | None = None) -> Program:
-    """ONNX model (path, bytes or ModelProto) -> optimized Graph -> Program."""
+               progress: Progress | None = None, options: Options | None = None) -> Program:
+    """ONNX model (path, bytes or ModelProto) -> optimized Graph -> Program, for the
+    target of ``options``: on a CPU with integer dot-product instructions, quantized
+    convolutions run on the integers
+    (:func:`polyc.frontend.onnx_passes.convs_as_dot_products`), elsewhere as exact float
+    convolutions."""
+    from .schedule import machine
     from .frontend.onnx_import import load_graph
     from .frontend.onnx_lower import lower_graph
     from .frontend.onnx_passes import optimize_graph
@@ -291,7 +296,9 @@ def lower_onnx(model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
     graph = load_graph(model, shapes)
     if progress:
         progress(f"loaded {len(graph.nodes)} nodes")
-    graph = optimize_graph(graph)
+    options = options or Options()
+    integer_dot = options.target == "c" and options.vectorize and machine.has_integer_dot()
+    graph = optimize_graph(graph, integer_dot=integer_dot)
     if progress:
         progress(f"optimized the graph: {len(graph.nodes)} nodes")
 
@@ -342,5 +349,5 @@ def compile_onnx(model: str | os.PathLike | bytes | Any,
             "(compile_onnx(..., values={name: array}); on the command line --value "
             "name=v0,v1,...), or run the model through polyc.backend, which compiles it "
             "for each set of values at the first run")
-    program = lower_onnx(model, shapes, say)
+    program = lower_onnx(model, shapes, say, options)
     return build_model(program, options, name=name, output_dir=output_dir, progress=say)

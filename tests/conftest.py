@@ -71,6 +71,12 @@ def pytest_configure(config):
     os.execve(sys.executable, [sys.executable, "-m", "pytest", *sys.argv[1:]], env)
 
 
+def input_dtypes(op) -> list[str]:
+    """The numpy dtypes of an operator's inputs, in order."""
+    from polyc import dtypes as D
+    return [str(D.numpy_dtype(op.kernel.array(name).dtype)) for name in op.input_names]
+
+
 def random_inputs(shapes_dtypes, seed=0):
     rng = np.random.default_rng(seed)
     out = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import assert_matches_numpy, random_inputs
+from conftest import assert_matches_numpy, input_dtypes, random_inputs
 
 import polyc
 
@@ -41,6 +41,11 @@ def bmm(float(B,M,K) X, float(B,K,N) Y) -> (Z) {
 def matvec(float(M,K) A, float(K) x) -> (y) {
     y(m) +=! A(m,k) * x(k)
 }""", [[(37, 130), (130,)], [(1, 7), (7,)]], lambda A, x: A @ x),
+    "int8_matmul_nt": ("""
+def nt(uint8(M,K) A, int8(N,K) B) -> (C) {
+    C(m,n) +=! int32(A(m,k)) * int32(B(n,k))
+}""", [[(7, 70), (13, 70)], [(1, 1), (1, 1)], [(37, 130), (9, 130)]],
+        lambda A, B: A.astype(np.int32) @ B.astype(np.int32).T),
     "transpose": ("""
 def transpose(float(M,N) A) -> (T) {
     T(j,i) = A(i,j)
@@ -116,7 +121,7 @@ def test_case_matches_numpy(case, fusion):
     src, shape_sets, ref = CASES[case]
     op = polyc.define(src, fusion=fusion)
     for seed, shapes in enumerate(shape_sets):
-        inputs = random_inputs([(s, "float32") for s in shapes], seed)
+        inputs = random_inputs(list(zip(shapes, input_dtypes(op))), seed)
         assert_matches_numpy(op(*inputs), ref(*inputs), rtol=1e-4, atol=1e-4)
 
 
@@ -130,13 +135,14 @@ SCHEDULE_OPTIONS = [
 
 
 @pytest.mark.parametrize("opts", SCHEDULE_OPTIONS, ids=str)
-@pytest.mark.parametrize("case", ["matmul", "conv2d_stride2_where", "softmax", "mlp_relu"])
+@pytest.mark.parametrize("case", ["matmul", "conv2d_stride2_where", "softmax", "mlp_relu",
+                                  "int8_matmul_nt"])
 def test_scheduler_options(case, opts):
     src, shape_sets, ref = CASES[case]
     for fusion in FUSIONS:
         op = polyc.define(src, fusion=fusion, **opts)
         for seed, shapes in enumerate(shape_sets):
-            inputs = random_inputs([(s, "float32") for s in shapes], seed)
+            inputs = random_inputs(list(zip(shapes, input_dtypes(op))), seed)
             assert_matches_numpy(op(*inputs), ref(*inputs), rtol=1e-4, atol=1e-4)
 
 

@@ -29,7 +29,7 @@ sys.path.insert(0, {tests!r})
 import numpy as np
 import polyc
 from polyc.pipeline import bind_sizes
-from conftest import assert_matches_numpy, random_inputs
+from conftest import assert_matches_numpy, input_dtypes, random_inputs
 from test_e2e_numpy import CASES
 
 failed = []
@@ -39,7 +39,7 @@ for case in sorted(CASES):
         try:
             op = polyc.define(src, fusion=fusion, sanitize=True, cflags={cflags!r})
             for seed, shapes in enumerate(shape_sets):
-                inputs = random_inputs([(s, "float32") for s in shapes], seed)
+                inputs = random_inputs(list(zip(shapes, input_dtypes(op))), seed)
                 assert_matches_numpy(op(*inputs), ref(*inputs), rtol=1e-4, atol=1e-4)
             sizes = bind_sizes(op.kernel, inputs)
             with open(op.compiled_for(sizes).library_path, "rb") as lib:  # flags took effect

@@ -32,6 +32,24 @@ def l2_bytes() -> int:
     return DEFAULT_L2_BYTES
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The feature flags of this CPU (``/proc/cpuinfo``; empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(next((ln.split(":", 1)[1].split() for ln in f
+                                   if ln.startswith("flags")), []))
+    except OSError:
+        return frozenset()
+
+
+def has_integer_dot() -> bool:
+    """Whether the CPU multiplies and sums groups of 8-bit integers in one instruction
+    (VNNI's ``vpdpbusd``: AVX-512 VNNI, or AVX-VNNI on 256-bit vectors)."""
+    flags = cpu_flags()
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
 def _process_cpus() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))

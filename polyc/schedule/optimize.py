@@ -57,6 +57,9 @@ DEFAULT_TILE_VECTOR = 512
 #: reduction tile of a register-tiled band: the accumulators are copied in and out
 #: once per reduction tile (256: measured best for float32 matmul on AVX-512)
 DEFAULT_TILE_REDUCTION_REGISTER = 256
+#: the reduction tile of a dot-product register tile (``register_tile.plan_dot``): each
+#: reduction tile ends in a horizontal sum of every accumulator vector
+DOT_TILE_REDUCTION = 4096
 #: statement instances under a band below which a specialised kernel stays sequential
 TINY_WORK = 1 << 18
 
@@ -106,13 +109,18 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
         node = tiling.permute_band(node, _member_order(node, inner, kernel))
         vec = None if vec is None else node.band_n_member() - 1
         reg = register_tile.plan(node, kernel, options, vec)
+        if reg is None and inner is not None and not simd:
+            reg = register_tile.plan_dot(node, kernel, options, node.band_n_member() - 1)
         sizes = _tile_sizes(node, options, vec)
         if sizes is not None and reg is not None and options.tile is True:
             flags = tiling.coincident_flags(node)
             sizes = [t if flags[i] else DEFAULT_TILE_REDUCTION_REGISTER
                      for i, t in enumerate(reg.round_sizes(sizes))]
-            sizes = _fit_panel(sizes, node, kernel, reg)
-            sizes = cache_blocks.fit_rows(sizes, node, kernel, reg, options)
+            if reg.dot is None:
+                sizes = _fit_panel(sizes, node, kernel, reg)
+                sizes = cache_blocks.fit_rows(sizes, node, kernel, reg, options)
+            else:  # one horizontal sum per accumulator per reduction tile: few tiles
+                sizes[reg.dot] = DOT_TILE_REDUCTION
         if tile and sizes is not None:
             extents = [cache_blocks.member_extent(node, kernel, i)
                        for i in range(node.band_n_member())]

@@ -29,6 +29,12 @@ accesses to it all go through the written element, and the write footprint of on
 register tile is exactly a box (so the copy-out never writes an element it did not
 compute).
 
+An integer sum whose reduction walks the contiguous index of every operand
+(``C(m,n) +=! A(m,k) * B(n,k)``, a convolution over im2col patches) takes the
+dot-product form instead (:func:`plan_dot`): the reduction runs innermost, with the
+``MR x NR`` accumulators unrolled inside it, and the C compiler vectorizes it as a sum
+(``vpdpbusd`` for int8 on a CPU with VNNI).
+
 Register tile sizes come from the machine (:func:`machine_shape`): AVX-512 ``8 x 64``
 float32 / int32 and ``8 x 32`` float64 / int64 (the vector loop then spans four 512-bit
 registers per row: 32 accumulators), AVX2 ``6 x 16`` / ``6 x 8``. ``Options.register_tile``
@@ -45,7 +51,7 @@ from .. import dtypes as D
 from .. import expr as E
 from ..ir import Kernel, Statement
 from ..options import Options
-from . import tiling
+from . import machine, tiling
 from .vector import member_iterators
 
 REGISTER = "register"
@@ -66,11 +72,7 @@ def _element_bytes(dtype: str) -> int | None:
 @functools.lru_cache(maxsize=1)
 def vector_bits() -> int:
     """The widest vector unit of this CPU (read once from /proc/cpuinfo)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
-    except OSError:
-        flags = []
+    flags = machine.cpu_flags()
     if "avx512f" in flags:
         return 512
     if "avx2" in flags and "fma" in flags:
@@ -109,6 +111,9 @@ class Plan:
     nr: int
     #: the box of the write footprint of one register tile, per array dimension
     box: tuple[int, ...]
+    #: the dot-product form (:func:`plan_dot`): the reduction member run innermost as the
+    #: vector loop, with both ``u`` and ``v`` unrolled inside it; None: the column form
+    dot: int | None = None
 
     def round_sizes(self, sizes: list[int]) -> list[int]:
         """Cache tile sizes rounded up to multiples of the register tile."""
@@ -168,6 +173,92 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
         mr, nr = fit_shape(mr, nr, lanes, extent(s, kernel, its[u]), extent(s, kernel, its[vec]))
     box = tuple(mr if its[u] in x else nr if its[vec] in x else 1 for x in uses)
     return Plan(s.name, write.array, u, vec, mr, nr, box)
+
+
+#: dot-product register tiles (rows x columns of accumulators) per vector width in bits
+_DOT_SHAPES = {512: (4, 4), 256: (2, 4), 128: (2, 2)}
+
+
+def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -> Plan | None:
+    """The dot-product form of a register tile, for an integer sum whose reduction member
+    ``r`` walks the last (contiguous) index of every read it appears in -- a matmul with
+    both operands contiguous along the reduction (``C(m,n) +=! A(m,k) * B(n,k)``), or a
+    convolution over im2col patches::
+
+        band [m, n, k]         ==>   band [m - m%MR, n - n%NR]
+                                       mark "register:S1:4,4:512"
+                                         band [k]       (the vector loop: gcc's dot product)
+                                           band [m, n]  (both fully unrolled)
+
+    The ``MR x NR`` accumulators are independent reductions over ``k``; the C compiler
+    vectorizes the ``k`` loop into one vector accumulator each (on a CPU with VNNI, int8
+    products become ``vpdpbusd``) and sums the lanes once per tile. Integer sums only:
+    they are exact in any order, where a float sum would change with the vector's
+    reassociation. ``u`` and ``v`` are coincident members indexing two dimensions of the
+    write and two different reads, so each loaded vector serves ``MR`` or ``NR`` products."""
+    if options.register_tile is False or not options.vectorize or \
+            not node.band_get_permutable():
+        return None
+    dom = node.get_domain()
+    if dom.n_set() != 1:
+        return None
+    its = []
+    for i in range(node.band_n_member()):
+        found = list(member_iterators(node, i).values())
+        if len(found) != 1 or found[0] is None:
+            return None
+        its.append(found[0])
+    s = kernel.statement(dom.get_set_list().get_at(0).get_tuple_name())
+    flags = tiling.coincident_flags(node)
+    write = s.write
+    dtype = D.get(kernel.array(write.array).dtype)
+    if flags[r] or s.op != "+" or dtype.kind not in "iu" or dtype.itemsize not in (4, 8) \
+            or not write.is_affine or len(write.indices) < 2:
+        return None
+    uses = [E.free_names(ix)[0] for ix in write.indices]
+    if any(its[r] in x for x in uses):
+        return None
+    reads = [a for a in E.reads(s.value) if a.array != write.array]
+    if any(a.array == write.array and tuple(a.indices) != tuple(write.indices)
+           for a in E.reads(s.value)):
+        return None
+    walked = [a for a in reads if any(its[r] in E.free_names(ix)[0] for ix in a.indices)]
+    if not walked or not all(_unit_last(a, its[r]) for a in walked):
+        return None
+
+    def served(i: int) -> set[int]:
+        return {j for j, a in enumerate(walked)
+                if any(its[i] in E.free_names(ix)[0] for ix in a.indices)}
+    cols = [i for i in range(len(its)) if flags[i] and served(i)
+            and sum(its[i] in x for x in uses) == 1]
+    pairs = [(u, v) for v in reversed(cols) for u in reversed(cols)
+             if u != v and not served(u) & served(v)
+             and next(d for d, x in enumerate(uses) if its[u] in x)
+             != next(d for d, x in enumerate(uses) if its[v] in x)]
+    if not pairs:
+        return None
+    u, v = pairs[0]
+    mr, nr = options.register_tile if isinstance(options.register_tile, tuple) \
+        else _DOT_SHAPES[vector_bits()]
+    # each accumulator is a whole vector register here: at most MAX_ROWS a side
+    mr = max(1, min(int(mr), MAX_ROWS, extent(s, kernel, its[u]) or mr))
+    nr = max(1, min(int(nr), MAX_ROWS, extent(s, kernel, its[v]) or nr))
+    box = tuple(mr if its[u] in x else nr if its[v] in x else 1 for x in uses)
+    return Plan(s.name, write.array, u, v, mr, nr, box, dot=r)
+
+
+def _unit_last(access: E.Read, it: str) -> bool:
+    """``it`` appears in the last index of ``access`` only, with coefficient 1."""
+    if any(it in E.free_names(ix)[0] for ix in access.indices[:-1]):
+        return False
+    last = access.indices[-1]
+    if not E.is_affine(last):
+        return False
+    idx, sizes = E.free_names(last)
+    env = dict.fromkeys(idx | sizes, 0)
+    base = E.evaluate(last, env)
+    env[it] = 1
+    return E.evaluate(last, env) - base == 1
 
 
 #: the most unrolled rows of a register tile (a one-vector-wide tile could take more)
@@ -243,10 +334,14 @@ def apply(node: isl.ScheduleNode, p: Plan, kernel: Kernel) -> isl.ScheduleNode |
     upas = [mupa.get_union_pw_aff(i) for i in range(n)]
     outer = [_strip(upas[i], p.mr) if i == p.u else _strip(upas[i], p.nr) if i == p.v
              else upas[i] for i in range(n) if flags[i]]
-    reductions = [upas[i] for i in range(n) if not flags[i]]
+    # the dot form runs its vector reduction innermost of the reductions
+    reductions = [upas[i] for i in range(n) if not flags[i] and i != p.dot] + \
+        ([upas[p.dot]] if p.dot is not None else [])
     leaf = node.delete()
     inner = _insert_band(leaf, [upas[p.u], upas[p.v]], [True, True])
     inner = inner.band_member_set_ast_loop_type(0, isl.ast_loop_type.unroll)
+    if p.dot is not None:
+        inner = inner.band_member_set_ast_loop_type(1, isl.ast_loop_type.unroll)
     red = _insert_band(inner, reductions, [False] * len(reductions))
     mark = red.insert_mark(isl.Id(mark_name(p.stmt, p.box)))
     top = _insert_band(mark, outer, [True] * len(outer))
@@ -259,6 +354,8 @@ def apply(node: isl.ScheduleNode, p: Plan, kernel: Kernel) -> isl.ScheduleNode |
     coincident = [i for i in range(n) if flags[i]]
     iso = _isolate_full_tiles(top, p, coincident.index(p.u), coincident.index(p.v))
     top = top.band_set_ast_build_options(iso)
+    if p.dot is not None:  # no simd loop: the C compiler vectorizes the reduction
+        return top
     # the simd mark on the column loop
     inner = top.child(0).child(0).child(0)
     simd = tiling.split_last(inner).insert_mark(isl.Id(SIMD))

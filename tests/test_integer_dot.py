@@ -1,0 +1,210 @@
+"""Integer dot products: the dot-product form of register tiles
+(``polyc.schedule.register_tile.plan_dot``) and quantized convolutions computed on the
+integers (``polyc.frontend.onnx_passes.convs_as_dot_products``).
+
+Every kernel is checked against numpy or onnxruntime on sizes that are not multiples of
+the register tile, on each scheduler option; where the CPU has VNNI, the generated C is
+checked to compile into ``vpdpbusd``.
+"""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import polyc
+from polyc.schedule import machine
+
+NT = ("def nt({a}(M,K) A, {b}(N,K) B) -> (C) "
+      "{{ C(m,n) +=! {acc}(A(m,k)) * {acc}(B(n,k)) }}")
+OPTIONS = {
+    "default": polyc.Options(),
+    "pluto": polyc.Options(scheduler="pluto"),
+    "fusion-min": polyc.Options(fusion="min"),
+    "no-tile": polyc.Options(tile=False),
+    "tile-8": polyc.Options(tile=(8, 8, 8)),
+    "no-register-tile": polyc.Options(register_tile=False),
+    "register-3x5": polyc.Options(register_tile=(3, 5)),
+    "no-vectorize": polyc.Options(vectorize=False),
+    "serial": polyc.Options(parallel=False),
+}
+
+
+def _operands(a: str, b: str, m: int, n: int, k: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+
+    def draw(dt: str, shape):
+        info = np.iinfo(dt)
+        return rng.integers(info.min, int(info.max) + 1, shape).astype(dt)
+    return draw(a, (m, k)), draw(b, (n, k))
+
+
+@pytest.mark.parametrize("shape", [(37, 13, 70), (64, 64, 64), (5, 3, 200), (1, 9, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("opt", list(OPTIONS), ids=str)
+def test_int8_matmul_contiguous_reduction(shape, opt):
+    """``C(m,n) +=! A(m,k) * B(n,k)`` on uint8 x int8, int32 sums: exact on every
+    option, at sizes that leave partial register tiles."""
+    m, n, k = shape
+    op = polyc.define(NT.format(a="uint8", b="int8", acc="int32"), options=OPTIONS[opt])
+    a, b = _operands("uint8", "int8", m, n, k)
+    np.testing.assert_array_equal(op(a, b), a.astype(np.int32) @ b.astype(np.int32).T)
+
+
+@pytest.mark.parametrize("types", [("int8", "int8", "int32"), ("uint8", "uint8", "int32"),
+                                   ("int16", "int16", "int32"), ("int8", "uint8", "int64")],
+                         ids=lambda t: "-".join(t))
+def test_integer_matmul_dtypes(types):
+    a_t, b_t, acc = types
+    op = polyc.define(NT.format(a=a_t, b=b_t, acc=acc))
+    a, b = _operands(a_t, b_t, 23, 11, 131, seed=1)
+    want = a.astype(acc) @ b.astype(acc).T
+    np.testing.assert_array_equal(op(a, b), want)
+
+
+def test_dot_form_is_chosen_for_integer_sums_only():
+    """The integer sum gets a dot-product register tile (its reduction innermost, both
+    tile loops unrolled inside it, no ``omp simd``: the C compiler vectorizes the sum); a
+    float sum keeps its order (reassociating it would change the result) and gets none."""
+    ints = polyc.define(NT.format(a="uint8", b="int8", acc="int32"))
+    a, b = _operands("uint8", "int8", 64, 64, 256)
+    ints(a, b)
+    assert "register:" in str(ints.schedule) and '"simd"' not in str(ints.schedule)
+    assert "polyc_acc[" in ints.c_source
+    floats = polyc.define("def ntf(float(M,K) A, float(N,K) B) -> (C) "
+                          "{ C(m,n) +=! A(m,k) * B(n,k) }")
+    x = np.ones((64, 256), np.float32)
+    np.testing.assert_array_equal(floats(x, x), np.full((64, 64), 256, np.float32))
+    assert "register:" not in str(floats.schedule)
+
+
+def test_strided_reduction_is_not_a_dot():
+    """``C(m,n) +=! A(k,m) * B(n,k)``: ``k`` walks A's rows, not a contiguous run, so
+    there is no dot-product tile (the column form vectorizes ``n`` instead) -- and the
+    result is exact all the same."""
+    op = polyc.define("def tn(uint8(K,M) A, int8(N,K) B) -> (C) "
+                      "{ C(m,n) +=! int32(A(k,m)) * int32(B(n,k)) }")
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, (50, 21)).astype(np.uint8)
+    b = rng.integers(-128, 128, (17, 50)).astype(np.int8)
+    np.testing.assert_array_equal(op(a, b), a.T.astype(np.int32) @ b.astype(np.int32).T)
+    assert 'mark: "simd"' in str(op.schedule)
+
+
+@pytest.mark.skipif(not machine.has_integer_dot(), reason="this CPU has no VNNI")
+def test_vnni_instructions_are_emitted(tmp_path):
+    """On a CPU with VNNI, gcc turns the dot-product tile of a uint8 x int8 sum into
+    ``vpdpbusd``."""
+    op = polyc.define(NT.format(a="uint8", b="int8", acc="int32"))
+    a, b = _operands("uint8", "int8", 64, 64, 256)
+    op(a, b)
+    src = tmp_path / "nt.c"
+    src.write_text(op.c_source)
+    asm = subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-S", "-o", "-",
+                          str(src)], capture_output=True, text=True, check=True).stdout
+    assert "vpdpbusd" in asm
+
+
+# -- quantized convolutions -------------------------------------------------------------
+
+def _qlinearconv_model(x_shape, w_shape, attrs, x_type=TensorProto.UINT8, relu=False,
+                       bias=True, seed=0):
+    rng = np.random.default_rng(seed)
+    m = w_shape[0]
+    x_int8 = x_type == TensorProto.INT8
+    w = rng.integers(-127, 128, w_shape).astype(np.int8)
+    inits = [
+        numpy_helper.from_array(np.array(0.02, np.float32), "xs"),
+        numpy_helper.from_array(np.array(-3 if x_int8 else 121, np.int8 if x_int8 else np.uint8),
+                                "xz"),
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(rng.uniform(0.001, 0.01, m).astype(np.float32), "ws"),
+        numpy_helper.from_array(np.zeros(m, np.int8), "wz"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "ys"),
+        numpy_helper.from_array(np.array(7 if x_int8 else 128, np.int8 if x_int8 else np.uint8),
+                                "yz"),
+    ]
+    ins = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
+    if bias:
+        inits.append(numpy_helper.from_array(
+            rng.integers(-5000, 5000, m).astype(np.int32), "b"))
+        ins.append("b")
+    node = helper.make_node("QLinearConv", ins, ["y"], **attrs)
+    graph = helper.make_graph([node], "qconv", [helper.make_tensor_value_info(
+        "x", x_type, list(x_shape))], [helper.make_tensor_value_info("y", x_type, None)],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return onnx.shape_inference.infer_shapes(model)
+
+
+CONVS = {
+    "3x3-pad": ((1, 16, 13, 11), (24, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
+    "1x1": ((2, 32, 7, 9), (20, 32, 1, 1), {}),
+    "7x7-stride2": ((1, 3, 23, 23), (8, 3, 7, 7), dict(pads=[3, 3, 3, 3], strides=[2, 2])),
+    "3x3-stride2-asym": ((1, 8, 10, 9), (6, 8, 3, 3), dict(pads=[0, 1, 2, 1], strides=[2, 2])),
+    "dilated": ((1, 5, 12, 12), (7, 5, 3, 3), dict(pads=[2, 2, 2, 2], dilations=[2, 2])),
+    "conv1d": ((2, 6, 19), (5, 6, 4), dict(pads=[1, 2])),
+}
+
+
+@pytest.fixture
+def both_paths(monkeypatch):
+    """Compile a model twice: on the integers with dot products, and without them."""
+    def compile_both(model):
+        from polyc.frontend.onnx_passes import pass_stats
+        monkeypatch.setattr(machine, "has_integer_dot", lambda: True)
+        dot = polyc.compile_onnx(model)
+        used = pass_stats()["conv_dot"]
+        monkeypatch.setattr(machine, "has_integer_dot", lambda: False)
+        plain = polyc.compile_onnx(model)
+        assert pass_stats()["conv_dot"] == 0
+        return dot, plain, used
+    return compile_both
+
+
+@pytest.mark.parametrize("case", list(CONVS), ids=str)
+@pytest.mark.parametrize("x_type", [TensorProto.UINT8, TensorProto.INT8], ids=["u8", "s8"])
+def test_qlinearconv_on_dot_products(both_paths, case, x_type):
+    """A QLinearConv as patches + an integer matmul + requantization gives the direct
+    integer convolution's result bit for bit, and onnxruntime's within one quantum."""
+    x_shape, w_shape, attrs = CONVS[case]
+    model = _qlinearconv_model(x_shape, w_shape, attrs, x_type)
+    dot, plain, used = both_paths(model)
+    assert used == 1
+    info = np.iinfo(np.uint8 if x_type == TensorProto.UINT8 else np.int8)
+    x = np.random.default_rng(5).integers(info.min, int(info.max) + 1, x_shape) \
+        .astype(info.dtype)
+    got = dot.run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, plain.run(None, {"x": x})[0])
+    import onnx_models as M
+    want = M.onnxruntime_outputs(model, {"x": x})[0]
+    assert np.abs(got.astype(np.int32) - want.astype(np.int32)).max() <= 1
+
+
+def test_conv_without_constant_weights_stays_direct(both_paths):
+    """Weights given at run time cannot be laid out at compile time: the direct integer
+    convolution runs (and agrees)."""
+    model = _qlinearconv_model((1, 4, 6, 6), (3, 4, 3, 3), dict(pads=[1, 1, 1, 1]))
+    w = [i for i in model.graph.initializer if i.name == "w"][0]
+    model.graph.initializer.remove(w)
+    model.graph.input.append(helper.make_tensor_value_info("w", TensorProto.INT8, [3, 4, 3, 3]))
+    dot, plain, used = both_paths(model)
+    assert used == 0
+    feeds = {"x": np.full((1, 4, 6, 6), 200, np.uint8),
+             "w": numpy_helper.to_array(w)}
+    np.testing.assert_array_equal(dot.run(None, feeds)[0], plain.run(None, feeds)[0])
+
+
+def test_small_cnn_qdq_same_on_both_paths(both_paths):
+    """A QDQ CNN (onnxruntime's quantizer): every fused convolution on dot products gives
+    what the exact float convolutions give, bit for bit."""
+    import onnx_models as M
+    model = M.small_cnn()
+    q = M.quantize_qdq(model, [M.input_feeds(model, seed=s) for s in (3, 4)])
+    dot, plain, used = both_paths(q)
+    assert used == sum(n.op_type == "Conv" for n in model.graph.node)
+    feeds = M.input_feeds(model, seed=2)
+    np.testing.assert_array_equal(dot.run(None, feeds)[0], plain.run(None, feeds)[0])
