@@ -176,7 +176,7 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
 
 
 #: dot-product register tiles (rows x columns of accumulators) per vector width in bits
-_DOT_SHAPES = {512: (4, 4), 256: (2, 4), 128: (2, 2)}
+_DOT_SHAPES = {512: (6, 4), 256: (2, 4), 128: (2, 2)}
 
 
 def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -> Plan | None:
@@ -186,7 +186,7 @@ def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -
     convolution over im2col patches::
 
         band [m, n, k]         ==>   band [m - m%MR, n - n%NR]
-                                       mark "register:S1:4,4:512"
+                                       mark "register:S1:6,4:512"
                                          band [k]       (the vector loop: gcc's dot product)
                                            band [m, n]  (both fully unrolled)
 
