@@ -92,7 +92,8 @@ def count_of(node: Node) -> str | None:
 
 def _elementwise() -> frozenset[str]:
     from .onnx_passes import ELEMENTWISE_OPS
-    return ELEMENTWISE_OPS - {"BatchNormalization"}  # its parameters align on axis 1
+    # their parameters align on axis 1
+    return ELEMENTWISE_OPS - {"BatchNormalization", "PolycRequantize"}
 
 
 def propagate(node: Node, dyn: Mapping[str, Extent],

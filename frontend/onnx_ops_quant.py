@@ -12,8 +12,11 @@ ONNX's arithmetic, exactly:
   double precision.
 
 The int32 contraction is an ordinary polyc reduction: it is tiled, register-blocked and
-vectorised like a float one (gcc emits the CPU's integer dot-product forms where it
-finds them).
+vectorised like a float one. A QLinearConv with constant weights becomes, on a CPU with
+integer dot-product instructions, polyc's own ops ``PolycIm2Col`` (the input's patches)
+and ``PolycConvDot`` (an int32 matmul contiguous along the reduction in both operands,
+which the scheduler tiles in its dot-product form and gcc compiles to ``vpdpbusd``),
+then ``PolycRequantize``.
 """
 from __future__ import annotations
 
@@ -236,9 +239,10 @@ def qlinear_conv(node: Node, ctx: LowerContext) -> Lowered:
 
 @register("PolycRequantize")
 def requantize(node: Node, ctx: LowerContext) -> Lowered:
-    """polyc's own op (made by the QDQ fusion): ``y = saturate(rint((acc + bias) *
-    x_scale * w_scale / y_scale) + y_zero)`` of a convolution's exact sums ``acc``, the
-    optional sixth input an int32 bias per output channel."""
+    """polyc's own op (made by the QDQ fusion and :func:`..onnx_passes.
+    convs_as_dot_products`): ``y = saturate(rint((acc + bias) * x_scale * w_scale /
+    y_scale) + y_zero)`` of a convolution's exact sums ``acc``, the optional sixth input
+    an int32 bias per output channel."""
     acc, xs_, ws_, ys_, zy = node.inputs[:5]
     bias = node.inputs[5] if present(node, 5) else ""
     return Lowered([_requantize(node, ctx, ctx.name(acc), xs_, ws_, ys_,
@@ -300,10 +304,10 @@ def _requantize(node: Node, ctx: LowerContext, acc: str, xs_: str, ws_: str, ys_
     # the multiplier in the scales' type, operation by operation, as ONNX's reference
     mult = f"double(({scalar(xs_)} * {scalar(ws_, True)}) / {scalar(ys_)})"
     yzp = f" + double({ref(ctx, zy, ['0'] * ctx.rank(zy))})" if zy else ""
-    total = f"{acc}({', '.join(idx)})"
-    if bias:
-        total = f"{total} + {ref(ctx, bias, ['m'])}"
-    q = f"round(double({total}) * {mult}{yzp})"
+    total = f"double({acc}({', '.join(idx)}))"
+    if bias:  # added in double: exact, and no int32 overflow on the way
+        total = f"({total} + double({ref(ctx, bias, ['m'])}))"
+    q = f"round({total} * {mult}{yzp})"
     if node.attr("polyc_relu", 0) and zy:
         q = f"max({q}, double({ref(ctx, zy, ['0'] * ctx.rank(zy))}))"
     return stmt(ctx, y, idx, "=", _saturated(q, dt))

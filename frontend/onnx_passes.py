@@ -2,6 +2,10 @@
 
 :func:`optimize_graph` runs, in this order:
 
+0. :func:`fuse_qdq_convs` -- a QDQ convolution becomes one QLinearConv (then exact float
+   convolutions, unless it is for :func:`convs_as_dot_products`, run after the first
+   folding on a CPU with integer dot products); :func:`fold_empty_tensors` -- tensors
+   with no elements become constants;
 1. :func:`fold_constants` -- nodes whose inputs are all constants (and ``Shape`` /
    ``Size`` of static tensors) are evaluated now;
 2. :func:`remove_noops` -- Identity, inference Dropout, Cast to the same dtype;
@@ -485,14 +489,16 @@ def eliminate_common_subexpressions(graph: Graph, stats: Counter | None = None) 
 
 
 def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
-                   in_float: bool = True) -> Graph:
+                   integer_dot: bool = False) -> Graph:
     """A QDQ-quantized convolution -- ``DequantizeLinear`` of an int8/uint8 input and
     weight (and of an int32 bias whose scale is the input's times the weight's), a float
     Conv, maybe a Relu, then ``QuantizeLinear`` -- becomes one ``QLinearConv`` on the
     integers (a Relu folds into the saturation, ``polyc_relu``). It computes what the
     float graph computes up to the float rounding of its sum (the integer sum is exact),
     as onnxruntime's QDQ fusion does. Patterns that do not match exactly are left alone
-    (their float form is correct, only slower)."""
+    (their float form is correct, only slower). The QLinearConv then computes its sums in
+    float32 where that is exact (:func:`_exact_in_float`) -- unless ``integer_dot`` and
+    :func:`convs_as_dot_products` will take it."""
     stats = stats if stats is not None else Counter()
     made = producers(graph)
     users = consumers(graph)
@@ -506,7 +512,9 @@ def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
         new = _qdq_conv(graph, n, made, users, outputs)
         if new is not None:
             node, replaced = new
-            fused[n.name] = (in_float and _exact_in_float(node, graph, tensors, constants)) \
+            # a convolution for :func:`convs_as_dot_products` stays a QLinearConv
+            on_ints = integer_dot and _dot_weights(node, tensors, constants) is not None
+            fused[n.name] = (not on_ints and _exact_in_float(node, graph, tensors, constants)) \
                 or [node]
             gone.update(replaced)
     if not fused:
@@ -640,16 +648,17 @@ def convs_as_dot_products(graph: Graph, stats: Counter | None = None) -> Graph:
                                          constants=constants))
 
 
-#: int32 sums stay exact up to this many terms of ``255 * 128``
-_DOT_MAX_TERMS = (2 ** 31 - 1) // (255 * 128)
-
-
-def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.ndarray],
-              names: set[str], node_names: set[str]) -> list[Node] | None:
-    xq, sx, zx, wq, sw, zw, sy, zy = (list(q.inputs) + [""] * 8)[:8]
+def _dot_weights(q: Node, tensors: Mapping[str, TensorInfo],
+                 constants: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    """For a QLinearConv that :func:`convs_as_dot_products` can take: its weights laid
+    out ``(M, K)`` (``K`` = kernel positions x input channels, channels fastest) and the
+    int32 bias with the input zero point's share taken out; else None. The int32 sums of
+    the uncentred products must not overflow: the largest ``|x|`` of the input's type
+    times the largest ``sum_k |wt[m, k]|`` stays below 2**31, and so does the bias."""
+    xq, _, zx, wq, _, zw, _, zy = (list(q.inputs) + [""] * 8)[:8]
     bias = q.inputs[8] if len(q.inputs) > 8 else ""
-    if not all(t in constants for t in (zx, wq, zw) + ((bias,) if bias else ())) or \
-            int(q.attr("group", 1)) != 1 or not zy:
+    if not all(t and t in constants for t in (zx, wq, zw) + ((bias,) if bias else ())) or \
+            int(q.attr("group", 1)) != 1 or not zy or not q.outputs:
         return None
     w = constants[wq].astype(np.int64)
     if w.ndim < 3 or tensors[xq].dtype not in _INT8 or tensors[wq].dtype not in _INT8 \
@@ -658,14 +667,29 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
     if list(q.attr("kernel_shape", w.shape[2:])) != list(w.shape[2:]):
         return None
     m = w.shape[0]
+    if bias and constants[bias].size != m:
+        return None
     wt = np.moveaxis(w, 1, -1).reshape(m, -1)  # (M, k.., C): the patches' order
-    if wt.shape[1] > _DOT_MAX_TERMS:
+    lo, hi = D.get(tensors[xq].dtype).limits
+    if max(abs(lo), abs(hi)) * int(np.abs(wt).sum(axis=1).max(initial=0)) >= 2 ** 31:
         return None
     zxv = int(constants[zx].reshape(-1)[0])
     b = constants[bias].astype(np.int64).reshape(-1) if bias else np.zeros(m, np.int64)
     b = b - zxv * wt.sum(axis=1)
-    if b.shape != (m,) or np.abs(b).max(initial=0) >= 2 ** 31:
+    if np.abs(b).max(initial=0) >= 2 ** 31:
         return None
+    return wt, b
+
+
+def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.ndarray],
+              names: set[str], node_names: set[str]) -> list[Node] | None:
+    found = _dot_weights(q, tensors, constants)
+    if found is None:
+        return None
+    wt, b = found
+    xq, sx, _, wq, sw, _, sy, zy = q.inputs[:8]
+    bias = q.inputs[8] if len(q.inputs) > 8 else ""
+    m = wt.shape[0]
     y = q.outputs[0]
     xs, ys = tensors[xq].shape, tensors[y].shape
 
@@ -683,14 +707,17 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
         return name
     geometry = {k: v for k, v in q.attrs.items() if k in ("auto_pad", "dilations", "pads",
                                                           "strides", "kernel_shape")}
-    geometry["kernel_shape"] = list(w.shape[2:])
+    kernel = tuple(int(d) for d in constants[wq].shape[2:])
+    geometry["kernel_shape"] = list(kernel)
     cols = fresh(f"{xq}_patches", tensors[xq].dtype,
-                 (xs[0],) + tuple(ys[2:]) + tuple(w.shape[2:]) + (xs[1],))
+                 (xs[0],) + tuple(ys[2:]) + kernel + (xs[1],))
     wtn = fresh(f"{wq}_rows", tensors[wq].dtype, wt.shape,
                 wt.astype(constants[wq].dtype))
     acc = fresh(f"{y}_sum", "int32", ys)
     bn = fresh(f"{bias or y}_centred", "int32", (m,), b.astype(np.int32))
-    return [Node(node_name(f"{q.name}_patches"), "PolycIm2Col", (xq, zx), (cols,), geometry),
+    patches = Node(node_name(f"{q.name}_patches"), "PolycIm2Col", (xq, q.inputs[2]), (cols,),
+                   geometry)
+    return [patches,
             Node(q.name, "PolycConvDot", (cols, wtn), (acc,)),
             Node(node_name(f"{q.name}_requantize"), "PolycRequantize",
                  (acc, sx, sw, sy, zy, bn), (y,), {"polyc_relu": q.attr("polyc_relu", 0)})]
@@ -851,12 +878,12 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
     c: Counter = Counter()
     before = len(graph.nodes)
     # before folding turns DequantizeLinear(W) into floats
-    graph = fuse_qdq_convs(graph, c, in_float=not integer_dot)
-    if integer_dot:
-        graph = convs_as_dot_products(graph, c)
+    graph = fuse_qdq_convs(graph, c, integer_dot=integer_dot)
     graph = fold_empty_tensors(graph, c)
     graph = fold_constants(graph, c)
     graph = remove_noops(graph, c)
+    if integer_dot:  # after folding: weights behind an Identity are constants now
+        graph = convs_as_dot_products(graph, c)
     graph = fold_batchnorm(graph, c)
     graph = eliminate_common_subexpressions(graph, c)
     graph = contractions_in_float(graph, c)  # after batchnorm folding, before the weights'
@@ -865,7 +892,8 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
     graph = choose_conv_layouts(graph, c)
     c["nodes_before"] = before
     c["nodes_after"] = len(graph.nodes)
-    result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "conv_dot", "half_in_float", "empty", "folded",
+    result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "conv_dot", "half_in_float", "empty",
+                                             "folded",
                                              "noops",
                                              "batchnorm_folded", "cse",
                                              "cse_constants", "dead", "conv_channels_last",
@@ -883,7 +911,8 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
 def fusion_groups(graph: Graph, max_size: int = MAX_GROUP) -> list[list[Node]]:
     """A topological partition of the nodes into fusion groups (each becomes one kernel).
 
-    A Conv / ConvTranspose / Gemm / MatMul, or an elementwise op, starts a group; an
+    A Conv / ConvTranspose / Gemm / MatMul / PolycConvDot, or an elementwise op (polyc's
+    PolycRequantize counts as one), starts a group; an
     elementwise node joins the group whose last node produces one of its inputs when
     that tensor has exactly one reader (this node) and is not a graph output, the node's
     other inputs are computed no later than that group, and the group has fewer than

@@ -297,7 +297,8 @@ def lower_onnx(model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
     if progress:
         progress(f"loaded {len(graph.nodes)} nodes")
     options = options or Options()
-    integer_dot = options.target == "c" and options.vectorize and machine.has_integer_dot()
+    integer_dot = options.target == "c" and options.vectorize and \
+        options.register_tile is not False and machine.has_integer_dot()
     graph = optimize_graph(graph, integer_dot=integer_dot)
     if progress:
         progress(f"optimized the graph: {len(graph.nodes)} nodes")

@@ -292,19 +292,24 @@ def _qdq_conv_models(c_in: int, relu: bool, seed: int):
     return make(qdq), make(fused), x
 
 
+@pytest.mark.parametrize("dot", [False, True], ids=["float", "dot"])
 @pytest.mark.parametrize("c_in,relu", [(8, True), (40, False), (600, True)])
-def test_qdq_convolution_is_exact(c_in, relu):
-    """The fused QDQ convolution computes the integer sums exactly (in float32 where the
-    weights bound them below 2**24, split into input-channel ranges otherwise: 600
-    channels of 3x3 int8 weights are split) and requantizes as ONNX's QLinearConv: equal
-    to onnx's reference evaluation of the QLinearConv bit for bit."""
+def test_qdq_convolution_is_exact(c_in, relu, dot, monkeypatch):
+    """The fused QDQ convolution computes the integer sums exactly -- in float32 where
+    the weights bound them below 2**24, split into input-channel ranges otherwise (600
+    channels of 3x3 int8 weights are split), or, for a CPU with integer dot products, on
+    the integers -- and requantizes as ONNX's QLinearConv: equal to onnx's reference
+    evaluation of the QLinearConv bit for bit."""
     from onnx.reference import ReferenceEvaluator
 
     from polyc.frontend.onnx_passes import pass_stats
+    from polyc.schedule import machine
+    monkeypatch.setattr(machine, "has_integer_dot", lambda: dot)
     qdq, fused, x = _qdq_conv_models(c_in, relu, seed=c_in)
     got = polyc.compile_onnx(qdq)(x)
     got = got[0] if isinstance(got, (tuple, list)) else got
     assert pass_stats()["qdq_convs"] == 1
+    assert pass_stats()["conv_dot"] == int(dot)
     want = ReferenceEvaluator(fused).run(None, {"x": x})[0]
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(got, want)

@@ -94,18 +94,53 @@ def test_strided_reduction_is_not_a_dot():
     assert 'mark: "simd"' in str(op.schedule)
 
 
-@pytest.mark.skipif(not machine.has_integer_dot(), reason="this CPU has no VNNI")
+def _gcc_major(cc: str) -> int:
+    """gcc's major version (0 for another compiler or none)."""
+    from polyc.codegen.toolchain import compiler_version
+    try:
+        if "clang" in compiler_version(cc).lower():
+            return 0
+        done = subprocess.run([cc, "-dumpversion"], capture_output=True, text=True)
+    except Exception:  # noqa: BLE001 -- no compiler: the tests needing it skip
+        return 0
+    head = done.stdout.strip().split(".")[0]
+    return int(head) if head.isdigit() else 0
+
+
+def _assembly(source: str, tmp_path) -> str:
+    from polyc.codegen.toolchain import compiler_flags
+    options = polyc.Options()
+    src = tmp_path / "kernel.c"
+    src.write_text(source)
+    flags = [f for f in compiler_flags(options) if f not in ("-shared", "-fPIC")]
+    return subprocess.run([options.cc, *flags, "-S", "-o", "-", str(src)],
+                          capture_output=True, text=True, check=True).stdout
+
+
+VNNI = pytest.mark.skipif(
+    not machine.has_integer_dot() or _gcc_major(polyc.Options().cc) < 12,
+    reason="needs a CPU with VNNI and gcc 12 or later (its mixed-sign dot products)")
+
+
+@VNNI
 def test_vnni_instructions_are_emitted(tmp_path):
     """On a CPU with VNNI, gcc turns the dot-product tile of a uint8 x int8 sum into
     ``vpdpbusd``."""
     op = polyc.define(NT.format(a="uint8", b="int8", acc="int32"))
     a, b = _operands("uint8", "int8", 64, 64, 256)
     op(a, b)
-    src = tmp_path / "nt.c"
-    src.write_text(op.c_source)
-    asm = subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-S", "-o", "-",
-                          str(src)], capture_output=True, text=True, check=True).stdout
-    assert "vpdpbusd" in asm
+    assert "vpdpbusd" in _assembly(op.c_source, tmp_path)
+
+
+@VNNI
+def test_quantized_convolution_kernel_uses_vnni(tmp_path):
+    """The convolution of a quantized model, compiled for this CPU, is a dot-product
+    register tile that gcc compiles to ``vpdpbusd``."""
+    model = _qlinearconv_model((1, 32, 14, 14), (64, 32, 3, 3), dict(pads=[1, 1, 1, 1]))
+    compiled = polyc.compile_onnx(model)
+    text = compiled.c_source
+    assert "polyc_acc[" in text
+    assert "vpdpbusd" in _assembly(text, tmp_path)
 
 
 # -- quantized convolutions -------------------------------------------------------------
@@ -196,6 +231,27 @@ def test_conv_without_constant_weights_stays_direct(both_paths):
     feeds = {"x": np.full((1, 4, 6, 6), 200, np.uint8),
              "w": numpy_helper.to_array(w)}
     np.testing.assert_array_equal(dot.run(None, feeds)[0], plain.run(None, feeds)[0])
+
+
+@pytest.mark.parametrize("change", ["weight-zero-point", "group"])
+def test_refused_convolutions_stay_direct(both_paths, change):
+    """What the rewrite does not take -- a non-zero weight zero point, groups -- runs as
+    the direct integer convolution, with the same result."""
+    model = _qlinearconv_model((1, 4, 6, 6), (4, 4, 3, 3), dict(pads=[1, 1, 1, 1]))
+    inits = {i.name: i for i in model.graph.initializer}
+
+    def replace(name, value):
+        model.graph.initializer.remove(inits[name])
+        model.graph.initializer.append(numpy_helper.from_array(value, name))
+    if change == "weight-zero-point":
+        replace("wz", np.array([0, 3, 0, -2], np.int8))
+    else:
+        replace("w", numpy_helper.to_array(inits["w"])[:, :2].copy())
+        model.graph.node[0].attribute.append(helper.make_attribute("group", 2))
+    dot, plain, used = both_paths(model)
+    assert used == 0
+    x = np.random.default_rng(2).integers(0, 256, (1, 4, 6, 6)).astype(np.uint8)
+    np.testing.assert_array_equal(dot.run(None, {"x": x})[0], plain.run(None, {"x": x})[0])
 
 
 def test_small_cnn_qdq_same_on_both_paths(both_paths):

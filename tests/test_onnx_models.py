@@ -12,6 +12,7 @@ import onnx_models as M
 import pytest
 
 import polyc
+from polyc.schedule import machine
 
 
 def _compare(got, want, rtol, atol_scale):
@@ -98,7 +99,8 @@ def test_small_cnn_qdq_runs_integer_convolutions():
 
 def test_resnet50_int8_qdq_matches_onnxruntime():
     """ResNet-50 quantized by onnxruntime (QDQ, uint8 activations, int8 per-channel
-    weights): all 53 convolutions run on the integers. onnxruntime's int8 run and its
+    weights): all 53 convolutions run exactly on the integers (as VNNI dot products on a
+    CPU that has them). onnxruntime's int8 run and its
     float run of the same QDQ graph differ from each other by about 1.5% of the logits'
     range (a quantum here and there, compounded over 50 layers); polyc is as near."""
     from polyc.frontend.onnx_passes import pass_stats
@@ -107,6 +109,8 @@ def test_resnet50_int8_qdq_matches_onnxruntime():
     feeds = M.input_feeds(model, seed=2)
     got = polyc.compile_onnx(q).run(None, feeds)[0]
     assert pass_stats()["qdq_convs"] == 53
+    # on the integers with a CPU's dot products (VNNI), else as exact float convolutions
+    assert pass_stats()["conv_dot"] == (53 if machine.has_integer_dot() else 0)
     want = M.onnxruntime_outputs(q, feeds)[0]
     assert _max_rel(got, want) < 0.03
     assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.999

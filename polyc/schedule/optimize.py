@@ -14,8 +14,10 @@ One top-down walk over the schedule tree. At each band:
    stride-1 score is split off and marked ``"simd"`` (a one-loop band may carry both
    marks: ``omp parallel for simd``);
 5. **registers**: such a leaf band that is also a contraction is tiled once more for
-   registers (:mod:`.register_tile`: unroll-and-jam, accumulators in a local array);
-   where all the updates of an element run in one register tile, the accumulator starts
+   registers (:mod:`.register_tile`: unroll-and-jam, accumulators in a local array; an
+   integer sum contiguous along its reduction in every operand takes the dot-product
+   form, the reduction innermost and vectorized by the C compiler); where all the
+   updates of an element run in one register tile, the accumulator starts
    from the reduction's initial constant and the initialisation leaves the schedule
    (:func:`drop_dead_inits`).
 
@@ -119,8 +121,11 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
             if reg.dot is None:
                 sizes = _fit_panel(sizes, node, kernel, reg)
                 sizes = cache_blocks.fit_rows(sizes, node, kernel, reg, options)
-            else:  # one horizontal sum per accumulator per reduction tile: few tiles
-                sizes[reg.dot] = DOT_TILE_REDUCTION
+            else:  # one horizontal sum per accumulator per reduction tile: few tiles,
+                # of balanced sizes (4608 as 2 x 2304, not 4096 + 512)
+                k = cache_blocks.member_extent(node, kernel, reg.dot)
+                sizes[reg.dot] = DOT_TILE_REDUCTION if not k else \
+                    -(-k // -(-k // DOT_TILE_REDUCTION))
         if tile and sizes is not None:
             extents = [cache_blocks.member_extent(node, kernel, i)
                        for i in range(node.band_n_member())]

@@ -111,8 +111,9 @@ class Plan:
     nr: int
     #: the box of the write footprint of one register tile, per array dimension
     box: tuple[int, ...]
-    #: the dot-product form (:func:`plan_dot`): the reduction member run innermost as the
-    #: vector loop, with both ``u`` and ``v`` unrolled inside it; None: the column form
+    #: the dot-product form (:func:`plan_dot`): the reduction member run last of the
+    #: reductions as the vector loop, with both ``u`` and ``v`` unrolled inside it; None:
+    #: the column form
     dot: int | None = None
 
     def round_sizes(self, sizes: list[int]) -> list[int]:
@@ -177,6 +178,8 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
 
 #: dot-product register tiles (rows x columns of accumulators) per vector width in bits
 _DOT_SHAPES = {512: (6, 4), 256: (2, 4), 128: (2, 2)}
+#: architectural vector registers per vector width (AVX-512: 32 zmm; AVX2, SSE: 16)
+_VECTOR_REGISTERS = {512: 32, 256: 16, 128: 16}
 
 
 def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -> Plan | None:
@@ -193,9 +196,10 @@ def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -
     The ``MR x NR`` accumulators are independent reductions over ``k``; the C compiler
     vectorizes the ``k`` loop into one vector accumulator each (on a CPU with VNNI, int8
     products become ``vpdpbusd``) and sums the lanes once per tile. Integer sums only:
-    they are exact in any order, where a float sum would change with the vector's
-    reassociation. ``u`` and ``v`` are coincident members indexing two dimensions of the
-    write and two different reads, so each loaded vector serves ``MR`` or ``NR`` products."""
+    they are exact in any order, while gcc does not reorder a float sum (it would change
+    the result), so a float one would stay scalar here. ``u`` and ``v`` are coincident
+    members indexing two dimensions of the write and two different reads, so each loaded
+    vector serves ``MR`` or ``NR`` products."""
     if options.register_tile is False or not options.vectorize or \
             not node.band_get_permutable():
         return None
@@ -240,19 +244,27 @@ def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -
     u, v = pairs[0]
     mr, nr = options.register_tile if isinstance(options.register_tile, tuple) \
         else _DOT_SHAPES[vector_bits()]
-    # each accumulator is a whole vector register here: at most MAX_ROWS a side
-    mr = max(1, min(int(mr), MAX_ROWS, extent(s, kernel, its[u]) or mr))
-    nr = max(1, min(int(nr), MAX_ROWS, extent(s, kernel, its[v]) or nr))
+    mr = max(1, min(int(mr), extent(s, kernel, its[u]) or int(mr)))
+    nr = max(1, min(int(nr), extent(s, kernel, its[v]) or int(nr)))
+    # each accumulator is a whole vector register here (a column-form shape such as the
+    # tuner's 8 x 64 counts lanes): keep them and one operand of each side in registers
+    while mr * nr + min(mr, nr) + 1 > _VECTOR_REGISTERS[vector_bits()] and mr * nr > 1:
+        if mr >= nr:
+            mr -= 1
+        else:
+            nr -= 1
     box = tuple(mr if its[u] in x else nr if its[v] in x else 1 for x in uses)
     return Plan(s.name, write.array, u, v, mr, nr, box, dot=r)
 
 
 def _unit_last(access: E.Read, it: str) -> bool:
-    """``it`` appears in the last index of ``access`` only, with coefficient 1."""
+    """``it`` appears in the last index of ``access`` only, with coefficient 1 (an
+    affine index without ``//`` or ``%``)."""
     if any(it in E.free_names(ix)[0] for ix in access.indices[:-1]):
         return False
     last = access.indices[-1]
-    if not E.is_affine(last):
+    if not E.is_affine(last) or any(isinstance(x, E.Binary) and x.op in ("//", "%")
+                                    for x in E.walk(last)):
         return False
     idx, sizes = E.free_names(last)
     env = dict.fromkeys(idx | sizes, 0)
