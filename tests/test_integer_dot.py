@@ -264,3 +264,23 @@ def test_small_cnn_qdq_same_on_both_paths(both_paths):
     assert used == sum(n.op_type == "Conv" for n in model.graph.node)
     feeds = M.input_feeds(model, seed=2)
     np.testing.assert_array_equal(dot.run(None, feeds)[0], plain.run(None, feeds)[0])
+
+
+def test_dot_tile_shapes_fit_the_registers():
+    """Dot-product tiles: every accumulator is a vector register, so a shape (the
+    tuner's column-form 8 x 64 included) is cut to fit them; for known extents the
+    shape avoids a corner tile partial in both directions (its bound checks inside the
+    reduction keep it scalar) and leaves few accumulators in partial tiles."""
+    from polyc.schedule import register_tile as rt
+    regs = rt._VECTOR_REGISTERS[rt.vector_bits()]
+    for shape in [(8, 64), (14, 16), (6, 4), (1, 1)]:
+        mr, nr = rt.fit_registers(*shape)
+        assert mr * nr + min(mr, nr) + 1 <= regs or mr * nr == 1
+        assert mr <= shape[0] and nr <= shape[1]
+    for ext in [(64, 56), (64, 14), (256, 7), (512, 7), (3136, 64), (37, 13)]:
+        mr, nr = rt.dot_shape(*ext)
+        assert rt.fit_registers(mr, nr) == (mr, nr)
+        assert mr * nr >= 4
+        assert not (ext[0] % mr and ext[1] % nr), (ext, mr, nr)
+        partial = ext[0] * ext[1] - (ext[0] // mr * mr) * (ext[1] // nr * nr)
+        assert partial <= ext[0] * ext[1] // 8, (ext, mr, nr)

@@ -242,19 +242,61 @@ def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -
     if not pairs:
         return None
     u, v = pairs[0]
-    mr, nr = options.register_tile if isinstance(options.register_tile, tuple) \
-        else _DOT_SHAPES[vector_bits()]
-    mr = max(1, min(int(mr), extent(s, kernel, its[u]) or int(mr)))
-    nr = max(1, min(int(nr), extent(s, kernel, its[v]) or int(nr)))
-    # each accumulator is a whole vector register here (a column-form shape such as the
-    # tuner's 8 x 64 counts lanes): keep them and one operand of each side in registers
-    while mr * nr + min(mr, nr) + 1 > _VECTOR_REGISTERS[vector_bits()] and mr * nr > 1:
+    ext_u, ext_v = extent(s, kernel, its[u]), extent(s, kernel, its[v])
+    if isinstance(options.register_tile, tuple):
+        mr, nr = fit_registers(*(int(x) for x in options.register_tile))
+        mr = max(1, min(mr, ext_u or mr))
+        nr = max(1, min(nr, ext_v or nr))
+    else:
+        mr, nr = dot_shape(ext_u, ext_v)
+    box = tuple(mr if its[u] in x else nr if its[v] in x else 1 for x in uses)
+    return Plan(s.name, write.array, u, v, mr, nr, box, dot=r)
+
+
+def fit_registers(mr: int, nr: int) -> tuple[int, int]:
+    """``mr x nr`` shrunk until its accumulators (each a whole vector register in the dot
+    form; a column-form shape such as the tuner's 8 x 64 counts lanes) and one operand
+    vector of each row fit the CPU's vector registers."""
+    regs = _VECTOR_REGISTERS[vector_bits()]
+    mr, nr = max(1, mr), max(1, nr)
+    while mr * nr + min(mr, nr) + 1 > regs and mr * nr > 1:
         if mr >= nr:
             mr -= 1
         else:
             nr -= 1
-    box = tuple(mr if its[u] in x else nr if its[v] in x else 1 for x in uses)
-    return Plan(s.name, write.array, u, v, mr, nr, box, dot=r)
+    return mr, nr
+
+
+#: the cost of an accumulator of a partial register tile against one of a full tile:
+#: partial tiles keep bound checks, and where those fall inside the reduction loop the C
+#: compiler leaves it scalar
+PARTIAL_TILE_COST = 8
+
+
+def dot_shape(ext_u: int | None, ext_v: int | None) -> tuple[int, int]:
+    """The dot-product tile for extents ``ext_u x ext_v`` (None: unknown): of the shapes
+    that fit the registers (:func:`fit_registers`), the cheapest -- per tile its
+    accumulators plus half its operand loads, an accumulator of a partial tile
+    :data:`PARTIAL_TILE_COST` times one of a full tile -- preferring the larger tile on
+    ties. A 64-channel conv over 14 columns gets ``2 x 14``, not ``6 x 4`` with a scalar
+    corner of 4 x 2. Unknown extents get the machine's default."""
+    default = _DOT_SHAPES[vector_bits()]
+    if not ext_u or not ext_v:
+        mr, nr = default
+        return max(1, min(mr, ext_u or mr)), max(1, min(nr, ext_v or nr))
+    best = None
+    for mr in range(1, min(ext_u, MAX_ROWS) + 1):
+        for nr in range(1, min(ext_v, MAX_ROWS) + 1):
+            if fit_registers(mr, nr) != (mr, nr):
+                continue
+            fu, fv = ext_u // mr, ext_v // nr
+            cost = fu * fv * (mr * nr + (mr + nr) / 2)
+            partial = ext_u * ext_v - fu * fv * mr * nr
+            cost += partial * PARTIAL_TILE_COST
+            key = (cost, -mr * nr)
+            if best is None or key < best[0]:
+                best = (key, (mr, nr))
+    return best[1] if best else default
 
 
 def _unit_last(access: E.Read, it: str) -> bool:
