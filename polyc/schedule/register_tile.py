@@ -126,19 +126,12 @@ class Plan:
 
 def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | None) -> Plan | None:
     """Whether (and how) to register-tile the permutable band ``node`` (see the module doc)."""
-    if vec is None or options.register_tile is False or not node.band_get_permutable():
+    if vec is None or options.register_tile is False:
         return None
-    dom = node.get_domain()
-    if dom.n_set() != 1:
+    found = _one_statement(node, kernel)
+    if found is None:
         return None
-    its = []
-    for i in range(node.band_n_member()):
-        found = list(member_iterators(node, i).values())
-        if len(found) != 1 or found[0] is None:
-            return None
-        its.append(found[0])
-    stmt_name = dom.get_set_list().get_at(0).get_tuple_name()
-    s = kernel.statement(stmt_name)
+    s, its = found
     flags = tiling.coincident_flags(node)
     reductions = [i for i in range(len(its)) if not flags[i]]
     write = s.write
@@ -200,19 +193,12 @@ def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -
     the result), so a float one would stay scalar here. ``u`` and ``v`` are coincident
     members indexing two dimensions of the write and two different reads, so each loaded
     vector serves ``MR`` or ``NR`` products."""
-    if options.register_tile is False or not options.vectorize or \
-            not node.band_get_permutable():
+    if options.register_tile is False or not options.vectorize:
         return None
-    dom = node.get_domain()
-    if dom.n_set() != 1:
+    found = _one_statement(node, kernel)
+    if found is None:
         return None
-    its = []
-    for i in range(node.band_n_member()):
-        found = list(member_iterators(node, i).values())
-        if len(found) != 1 or found[0] is None:
-            return None
-        its.append(found[0])
-    s = kernel.statement(dom.get_set_list().get_at(0).get_tuple_name())
+    s, its = found
     flags = tiling.coincident_flags(node)
     write = s.write
     dtype = D.get(kernel.array(write.array).dtype)
@@ -313,6 +299,22 @@ def _unit_last(access: E.Read, it: str) -> bool:
     base = E.evaluate(last, env)
     env[it] = 1
     return E.evaluate(last, env) - base == 1
+
+
+def _one_statement(node: isl.ScheduleNode, kernel: Kernel
+                   ) -> tuple[Statement, list[str]] | None:
+    """The statement of a permutable band over one statement, and the iterator each
+    member equals; None for another band."""
+    dom = node.get_domain()
+    if not node.band_get_permutable() or dom.n_set() != 1:
+        return None
+    its = []
+    for i in range(node.band_n_member()):
+        found = list(member_iterators(node, i).values())
+        if len(found) != 1 or found[0] is None:
+            return None
+        its.append(found[0])
+    return kernel.statement(dom.get_set_list().get_at(0).get_tuple_name()), its
 
 
 #: the most unrolled rows of a register tile (a one-vector-wide tile could take more)
