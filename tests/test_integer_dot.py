@@ -65,20 +65,14 @@ def test_integer_matmul_dtypes(types):
     np.testing.assert_array_equal(op(a, b), want)
 
 
-def test_dot_form_is_chosen_for_integer_sums_only():
+def test_dot_form_for_integer_sums():
     """The integer sum gets a dot-product register tile (its reduction innermost, both
-    tile loops unrolled inside it, no ``omp simd``: the C compiler vectorizes the sum); a
-    float sum keeps its order (reassociating it would change the result) and gets none."""
+    tile loops unrolled inside it, no ``omp simd``: the C compiler vectorizes the sum)."""
     ints = polyc.define(NT.format(a="uint8", b="int8", acc="int32"))
     a, b = _operands("uint8", "int8", 64, 64, 256)
     ints(a, b)
     assert "register:" in str(ints.schedule) and '"simd"' not in str(ints.schedule)
     assert "polyc_acc[" in ints.c_source
-    floats = polyc.define("def ntf(float(M,K) A, float(N,K) B) -> (C) "
-                          "{ C(m,n) +=! A(m,k) * B(n,k) }")
-    x = np.ones((64, 256), np.float32)
-    np.testing.assert_array_equal(floats(x, x), np.full((64, 64), 256, np.float32))
-    assert "register:" not in str(floats.schedule)
 
 
 def test_strided_reduction_is_not_a_dot():
@@ -284,3 +278,60 @@ def test_dot_tile_shapes_fit_the_registers():
         assert not (ext[0] % mr and ext[1] % nr), (ext, mr, nr)
         partial = ext[0] * ext[1] - (ext[0] // mr * mr) * (ext[1] // nr * nr)
         assert partial <= ext[0] * ext[1] // 8, (ext, mr, nr)
+
+
+GEMV = "def gemv(float(M,K) A, float(K) x) -> (y) { y(i) +=! A(i,k) * x(k) }"
+SYRK = """def syrk(double(N,N) C_in, double(N,K) A) -> (double(N,N) C) {
+    C(i,j) = (j <= i) ? 0.0 : C_in(i,j)
+    C(i,j) += A(i,k) * A(j,k) where exists A(i - j, k)
+}"""
+EXACT = ("-ffp-contract=off",)
+
+
+@pytest.mark.parametrize("opt", list(OPTIONS), ids=str)
+@pytest.mark.parametrize("shape", [(37, 70), (130, 1), (1, 300), (64, 5000)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_float_matrix_vector_rows_keep_the_sum_order(opt, shape):
+    """A float matrix-vector product gets the rows-only dot tile (independent chains side
+    by side); each row still adds its terms in order, so the result is the untiled
+    loop's bit for bit (compiled without contracting multiply-adds, which gcc does or
+    not per loop shape) and numpy's within rounding."""
+    m, k = shape
+    rng = np.random.default_rng(m * k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    x = rng.standard_normal(k).astype(np.float32)
+    got = polyc.define(GEMV, options=OPTIONS[opt].replace(cflags=EXACT))(a, x)
+    plain = polyc.define(GEMV, options=polyc.Options(register_tile=False, tile=False,
+                                                     cflags=EXACT))(a, x)
+    np.testing.assert_array_equal(got, plain)
+    np.testing.assert_allclose(got, a @ x, rtol=1e-4, atol=1e-4)
+
+
+def test_float_dot_tiles_are_rows_only():
+    """``y(i) +=! A(i,k) * x(k)`` is register-tiled in the dot form (rows only); a float
+    ``C(m,n) +=! A(m,k) * B(n,k)`` gets rows only too, never the two-sided tile."""
+    op = polyc.define(GEMV)
+    a = np.ones((64, 256), np.float32)
+    op(a, np.ones(256, np.float32))
+    assert "register:" in str(op.schedule) and '"simd"' not in str(op.schedule)
+    nt = polyc.define("def ntf(float(M,K) A, float(N,K) B) -> (C) "
+                      "{ C(m,n) +=! A(m,k) * B(n,k) }")
+    nt(a, a)
+    marks = [w for w in str(nt.schedule).split('"') if w.startswith("register:")]
+    assert marks and all(m.split(":")[2].count(",") == 1 and
+                         "1" in m.split(":")[2].split(",") for m in marks), marks
+
+
+@pytest.mark.parametrize("opt", ["default", "pluto", "no-tile", "register-3x5"])
+def test_triangular_float_sum_on_dot_rows(opt):
+    """syrk's triangle (``j <= i``): rows-only dot tiles over a non-rectangular domain,
+    bit for bit the untiled loop's sums."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((45, 33))
+    c = rng.standard_normal((45, 45))
+    got = polyc.define(SYRK, options=OPTIONS[opt].replace(cflags=EXACT))(c, a)
+    plain = polyc.define(SYRK, options=polyc.Options(register_tile=False, tile=False,
+                                                     cflags=EXACT))(c, a)
+    np.testing.assert_array_equal(got, plain)
+    want = np.where(np.tri(45, dtype=bool), a @ a.T, c)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)

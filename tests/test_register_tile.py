@@ -155,10 +155,16 @@ def gemm_tb(float(M,K) A, float(N,K) B) -> (C) {
     C(m,n) +=! A(m,k) * B(n,k)
 }""", [(37, 130), (70, 130)], lambda A, B: A @ B.T),                   # reduction innermost
 ])
-def test_not_register_tiled(src, shapes, ref):
+def test_reduction_innermost_gets_dot_rows(src, shapes, ref):
+    """No column-form tile (no stride-1 parallel loop to vectorize): a rank-1 write or
+    a reduction walking both operands contiguously gets the dot-product form instead,
+    rows only for a float sum (``register_tile.plan_dot``), and no ``simd`` loop."""
     op = _define(src)
     _check(op, shapes, ref)
-    assert not _register_marks(op) and "polyc_acc" not in op.c_source
+    marks = _register_marks(op)
+    assert marks and '"simd"' not in str(op.schedule)
+    boxes = [[int(x) for x in m.split(":")[2].split(",")] for m in marks]
+    assert all(sum(x > 1 for x in box) == 1 for box in boxes), marks
 
 
 def test_tiny_kernels_stay_sequential():
