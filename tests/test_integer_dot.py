@@ -289,7 +289,7 @@ EXACT = ("-ffp-contract=off",)
 
 
 @pytest.mark.parametrize("opt", list(OPTIONS), ids=str)
-@pytest.mark.parametrize("shape", [(37, 70), (130, 1), (1, 300), (64, 5000)],
+@pytest.mark.parametrize("shape", [(37, 70), (130, 7), (3, 300), (64, 5000)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_float_matrix_vector_rows_keep_the_sum_order(opt, shape):
     """A float matrix-vector product gets the rows-only dot tile (independent chains side
@@ -300,10 +300,13 @@ def test_float_matrix_vector_rows_keep_the_sum_order(opt, shape):
     rng = np.random.default_rng(m * k)
     a = rng.standard_normal((m, k)).astype(np.float32)
     x = rng.standard_normal(k).astype(np.float32)
-    got = polyc.define(GEMV, options=OPTIONS[opt].replace(cflags=EXACT))(a, x)
+    op = polyc.define(GEMV, options=OPTIONS[opt].replace(cflags=EXACT))
+    got = op(a, x)
     plain = polyc.define(GEMV, options=polyc.Options(register_tile=False, tile=False,
                                                      cflags=EXACT))(a, x)
     np.testing.assert_array_equal(got, plain)
+    if opt in ("default", "pluto", "tile-8", "register-3x5", "serial", "fusion-min"):
+        assert "register:" in str(op.schedule), opt
     np.testing.assert_allclose(got, a @ x, rtol=1e-4, atol=1e-4)
 
 
@@ -335,3 +338,25 @@ def test_triangular_float_sum_on_dot_rows(opt):
     np.testing.assert_array_equal(got, plain)
     want = np.where(np.tri(45, dtype=bool), a @ a.T, c)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_integer_matrix_vector_rows():
+    """An int8 matrix-vector product: a rows-only dot tile, vectorized along the
+    reduction; exact."""
+    op = polyc.define("def gemv8(uint8(M,K) A, int8(K) x) -> (y) "
+                      "{ y(i) +=! int32(A(i,k)) * int32(x(k)) }")
+    a, _ = _operands("uint8", "int8", 45, 1, 333)
+    x = np.random.default_rng(4).integers(-128, 128, 333).astype(np.int8)
+    np.testing.assert_array_equal(op(a, x), a.astype(np.int32) @ x.astype(np.int32))
+    assert "register:" in str(op.schedule) and '"simd"' not in str(op.schedule)
+
+
+def test_dot_shapes_on_every_vector_width(monkeypatch):
+    """The shapes fit the registers of AVX-512, AVX2 and SSE alike."""
+    from polyc.schedule import register_tile as rt
+    for bits in (512, 256, 128):
+        monkeypatch.setattr(rt, "vector_bits", lambda b=bits: b)
+        regs = rt._VECTOR_REGISTERS[bits]
+        for ext in [(64, 56), (64, 14), (256, 7), (29, 29), (1000, 1)]:
+            mr, nr = rt.dot_shape(*ext)
+            assert mr * nr + min(mr, nr) + 1 <= regs and mr <= ext[0] and nr <= ext[1]

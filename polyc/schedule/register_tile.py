@@ -29,11 +29,12 @@ accesses to it all go through the written element, and the write footprint of on
 register tile is exactly a box (so the copy-out never writes an element it did not
 compute).
 
-An integer sum whose reduction walks the contiguous index of every operand
-(``C(m,n) +=! A(m,k) * B(n,k)``, a convolution over im2col patches) takes the
-dot-product form instead (:func:`plan_dot`): the reduction runs innermost, with the
-``MR x NR`` accumulators unrolled inside it, and the C compiler vectorizes it as a sum
-(``vpdpbusd`` for int8 on a CPU with VNNI).
+A sum whose reduction walks the contiguous index of every operand
+(``C(m,n) +=! A(m,k) * B(n,k)``, a convolution over im2col patches, a matrix-vector
+product) takes the dot-product form instead (:func:`plan_dot`): the reduction runs
+innermost, with the accumulators unrolled inside it; the C compiler vectorizes an
+integer one as a sum (``vpdpbusd`` for int8 on a CPU with VNNI), and a float one (rows
+only) runs its chains side by side.
 
 Register tile sizes come from the machine (:func:`machine_shape`): AVX-512 ``8 x 64``
 float32 / int32 and ``8 x 32`` float64 / int64 (the vector loop then spans four 512-bit
@@ -113,8 +114,8 @@ class Plan:
     #: the box of the write footprint of one register tile, per array dimension
     box: tuple[int, ...]
     #: the dot-product form (:func:`plan_dot`): the reduction member run last of the
-    #: reductions as the vector loop, with both ``u`` and ``v`` unrolled inside it; None:
-    #: the column form
+    #: reductions as the vector loop, with ``u`` (and ``v``, when there is one) unrolled
+    #: inside it; None: the column form
     dot: int | None = None
 
     def round_sizes(self, sizes: list[int]) -> list[int]:
@@ -178,7 +179,7 @@ _VECTOR_REGISTERS = {512: 32, 256: 16, 128: 16}
 
 
 def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -> Plan | None:
-    """The dot-product form of a register tile, for an integer sum whose reduction member
+    """The dot-product form of a register tile, for a sum whose reduction member
     ``r`` walks the last (contiguous) index of every read it appears in -- a matmul with
     both operands contiguous along the reduction (``C(m,n) +=! A(m,k) * B(n,k)``), or a
     convolution over im2col patches::
@@ -196,8 +197,9 @@ def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -
     matrix-vector product ``y(i) +=! A(i,j) * x(j)``) the tile has rows only (``v`` is
     None).
 
-    A float sum keeps its order (gcc does not reassociate it: each accumulator still
-    adds its terms in ``k`` order, bit for bit as before) and stays scalar; it gets the
+    A float sum keeps its order (gcc does not reassociate it: with one reduction member,
+    each accumulator adds its terms in ``k`` order, bit for bit as the untiled loop; with
+    several, as any reduction tiling orders them) and stays scalar; it gets the
     rows-only tile, whose ``MR`` independent chains run side by side instead of one
     after another (PolyBench's gesummv 1.6x faster than gcc's loop, from 0.6x). Its
     two-sided tile measured slower than the untiled loop (syrk 0.75x vs 1.17x of gcc),
@@ -243,13 +245,18 @@ def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -
     ext_u = extent(s, kernel, its[u])
     ext_v = extent(s, kernel, its[v]) if v is not None else 1
     if isinstance(options.register_tile, tuple):
-        mr, nr = fit_registers(*(int(x) for x in options.register_tile))
+        shape = tuple(int(x) for x in options.register_tile)
+        mr, nr = fit_registers(shape[0], shape[1] if v is not None else 1)
         mr = max(1, min(mr, ext_u or mr))
         nr = max(1, min(nr, ext_v or nr))
+    elif v is None and not ext_u:  # rows only, sizes unknown: as many rows as fit
+        mr, nr = fit_registers(MAX_ROWS, 1)
     else:
         mr, nr = dot_shape(ext_u, ext_v)
     if v is None:
         nr = 1
+    if mr * nr == 1:  # one accumulator: nothing to gain over the plain loop
+        return None
     box = tuple(mr if its[u] in x else nr if v is not None and its[v] in x else 1
                 for x in uses)
     return Plan(s.name, write.array, u, v, mr, nr, box, dot=r)
@@ -281,7 +288,8 @@ def dot_shape(ext_u: int | None, ext_v: int | None) -> tuple[int, int]:
     accumulators plus half its operand loads, an accumulator of a partial tile
     :data:`PARTIAL_TILE_COST` times one of a full tile -- preferring the larger tile on
     ties. A 64-channel conv over 14 columns gets ``2 x 14``, not ``6 x 4`` with a scalar
-    corner of 4 x 2. Unknown extents get the machine's default."""
+    corner of 4 x 2 (extents without a fitting divisor, primes, still get partial tiles).
+    Unknown extents get the machine's default."""
     default = _DOT_SHAPES[vector_bits()]
     if not ext_u or not ext_v:
         mr, nr = default
@@ -593,7 +601,8 @@ def _isolate_full_tiles(top: isl.ScheduleNode, p: Plan, iu: int,
     q = top.child(0).child(0).band_n_member()
     leaf = top.child(0).child(0).child(0).child(0)
     flat = leaf.get_prefix_schedule_union_map().intersect_domain(leaf.get_domain())
-    pts = flat.range().get_set_list().get_at(0)  # [prefix(d), tiles(r), reductions(q), u, v]
+    # [prefix(d), tiles(r), reductions(q), u, v] (no v in a rows-only dot tile)
+    pts = flat.range().get_set_list().get_at(0)
     pts = pts.project_out(isl.dim_type.set, d + r, q)
     have = isl.Map.from_range(pts).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d + r)
     space = have.get_space()
