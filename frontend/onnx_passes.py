@@ -2,10 +2,10 @@
 
 :func:`optimize_graph` runs, in this order:
 
-0. :func:`fuse_qdq_convs` -- a QDQ convolution becomes one QLinearConv (then exact float
-   convolutions, unless it is for :func:`convs_as_dot_products`, run after the first
-   folding on a CPU with integer dot products); :func:`fold_empty_tensors` -- tensors
-   with no elements become constants;
+0. :func:`fuse_qdq_convs` -- a QDQ convolution becomes one QLinearConv (then integer
+   dot products on a CPU that has them, else exact float convolutions; a model's own
+   QLinearConv goes to :func:`convs_as_dot_products` after the first folding);
+   :func:`fold_empty_tensors` -- tensors with no elements become constants;
 1. :func:`fold_constants` -- nodes whose inputs are all constants (and ``Shape`` /
    ``Size`` of static tensors) are evaluated now;
 2. :func:`remove_noops` -- Identity, inference Dropout, Cast to the same dtype;
@@ -496,9 +496,10 @@ def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
     integers (a Relu folds into the saturation, ``polyc_relu``). It computes what the
     float graph computes up to the float rounding of its sum (the integer sum is exact),
     as onnxruntime's QDQ fusion does. Patterns that do not match exactly are left alone
-    (their float form is correct, only slower). The QLinearConv then computes its sums in
-    float32 where that is exact (:func:`_exact_in_float`) -- unless ``integer_dot`` and
-    :func:`convs_as_dot_products` will take it."""
+    (their float form is correct, only slower). With ``integer_dot`` the QLinearConv
+    runs on integer dot products where it can (:func:`_conv_dot`, as
+    :func:`convs_as_dot_products` does for a model's own QLinearConv); else it computes
+    its sums in float32 where that is exact (:func:`_exact_in_float`)."""
     stats = stats if stats is not None else Counter()
     made = producers(graph)
     users = consumers(graph)
@@ -506,15 +507,18 @@ def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
     fused: dict[str, list[Node]] = {}   # conv name -> the nodes replacing it
     gone: set[str] = set()              # names of the nodes they replace
     tensors, constants = dict(graph.tensors), dict(graph.constants)
+    names = set(tensors) | set(constants)
+    node_names = {n.name for n in graph.nodes}
     for n in graph.nodes:
         if n.op_type != "Conv" or len(n.inputs) < 2:
             continue
         new = _qdq_conv(graph, n, made, users, outputs)
         if new is not None:
             node, replaced = new
-            # a convolution for :func:`convs_as_dot_products` stays a QLinearConv
-            on_ints = integer_dot and _dot_weights(node, tensors, constants) is not None
-            fused[n.name] = (not on_ints and _exact_in_float(node, graph, tensors, constants)) \
+            on_ints = _conv_dot(node, tensors, constants, names, node_names) \
+                if integer_dot else None
+            stats["conv_dot"] += on_ints is not None
+            fused[n.name] = on_ints or _exact_in_float(node, graph, tensors, constants) \
                 or [node]
             gone.update(replaced)
     if not fused:
