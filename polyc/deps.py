@@ -118,6 +118,58 @@ def compute_dependences(kernel: Kernel) -> Dependences:
                        reduction.coalesce(), order)
 
 
+def live_instances(kernel: Kernel) -> isl.UnionSet:
+    """The statement instances whose written value is used: read by a later instance
+    (the last writer before a read, or a possible one), or the final value of an
+    output. Every other instance writes a value that is overwritten, or never read,
+    before anything observes it.
+
+    The kernel's end is an extra sink: one instance per output element, after every
+    statement, that reads it (sources: :func:`_flow`)."""
+    order = program_order(kernel)
+    depth = order.range().as_set().dim(isl.dim_type.set) if not order.is_empty() else 0
+    ahead = isl.UnionMap.from_map(isl.Map(
+        f"{{ [{', '.join(f't{i}' for i in range(depth))}] -> "
+        f"[0{''.join(f', t{i}' for i in range(depth))}] }}"))
+    order = order.apply_range(ahead)
+    prefix = params_prefix(kernel.sizes)
+    end_reads = isl.UnionMap.empty(kernel.context.get_space())
+    for name in kernel.outputs:
+        arr = kernel.array(name)
+        es = [f"e{d}" for d in range(len(arr.shape))]
+        bounds = " and ".join(f"0 <= e{d} < {E.to_isl(x)}" for d, x in enumerate(arr.shape))
+        stmt = f"polyc_end_{name}[{', '.join(es)}]"
+        end = isl.Map(f"{prefix}{{ {stmt} -> {name}[{', '.join(es)}]"
+                      f"{' : ' + bounds if bounds else ''} }}")
+        end_reads = end_reads.union(isl.UnionMap.from_map(end))
+        order = order.union(isl.UnionMap.from_map(isl.Map(
+            f"{prefix}{{ {stmt} -> [1{', 0' * depth}] }}")))
+    sinks = _accesses(kernel, list(kernel.statements), "read").union(
+        end_reads.intersect_params(kernel.context))
+    flow = _flow(kernel, sinks, order).get_may_dependence()
+    return flow.domain()
+
+
+def _flow(kernel: Kernel, sinks: isl.UnionMap, order: isl.UnionMap) -> isl.UnionFlow:
+    """isl's dataflow from the kernel's writes to ``sinks``: a write hides what came
+    before it (a must source) unless it is a commuting reduction's (see
+    :func:`compute_dependences`) or its element is data-dependent."""
+    may = [s for s in kernel.statements if is_relaxable_reduction(s) or not s.write.is_affine]
+    must = [s for s in kernel.statements if s not in may]
+    info = isl.UnionAccessInfo.from_sink(sinks).set_must_source(
+        _accesses(kernel, must, "write")).set_may_source(_accesses(kernel, may, "write"))
+    return info.set_schedule_map(order).compute_flow()
+
+
+def arrays_read_uninitialized(kernel: Kernel) -> set[str]:
+    """The arrays some read of which may find no earlier write in the kernel: inputs,
+    and temporaries read where nothing wrote them (zero-filled by codegen)."""
+    reads = _accesses(kernel, list(kernel.statements), "read")
+    unread = _flow(kernel, reads, program_order(kernel)).get_may_no_source()
+    maps = unread.get_map_list()
+    return {maps.get_at(i).get_tuple_name(isl.dim_type.out) for i in range(maps.n_map())}
+
+
 def _self_pairs(s: Statement) -> isl.UnionMap:
     """``{ S[i] -> S[j] }`` for all pairs of instances of ``s`` writing the same element."""
     w = s.write.relation(s.domain)

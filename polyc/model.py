@@ -33,7 +33,6 @@ from .errors import CallError, CompileError
 from .ir import Kernel
 from .options import Options
 from .program import Program
-from .widen import widen_accumulators
 
 Progress = Callable[[str], None]
 
@@ -261,7 +260,7 @@ def schedule_function(options: Options, progress: bool = False) -> Callable[[Ker
             interrupted = interrupted or tuned.status == "interrupted"
             opts = tuned.options
         if opts.schedule is None:  # as schedule_kernel does: the schedule is of this kernel
-            kernel = widen_accumulators(kernel)
+            kernel = pipeline.prepare_kernel(kernel)
         key = (kernel_key(kernel), opts)
         with _SCHEDULES_LOCK:
             found = _SCHEDULES.get(key)
@@ -271,7 +270,7 @@ def schedule_function(options: Options, progress: bool = False) -> Callable[[Ker
                 if len(_SCHEDULES) >= _SCHEDULES_MAX:
                     _SCHEDULES.pop(next(iter(_SCHEDULES)))
                 _SCHEDULES[key] = found
-        kernel, _ = pipeline.fold_storage_hints(kernel, found)
+        kernel, _ = pipeline.storage_rewrites(kernel, found)
         return kernel, found
     return schedule
 

@@ -29,6 +29,7 @@ from . import check
 from .codegen import CompiledFunction, CSource, bind_sizes, build_shared, generate_c
 from .codegen.runtime import check_inputs
 from .codegen.toolchain import file_stem
+from .dead import drop_dead_writes
 from .deps import Dependences, compute_dependences
 from .errors import CompileError, InternalError, PolycWarning, ScheduleError
 from .ir import Kernel
@@ -36,6 +37,7 @@ from .options import Options
 from .printer import show_kernel
 from .widen import widen_accumulators
 from .schedule.optimize import optimize
+from .share import share_storage
 from .schedule.scheduler import compute_schedule
 
 T = TypeVar("T")
@@ -150,7 +152,7 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     """Stages check .. legality."""
     stage = stage or _Stages(options, kernel.name)
     if options.schedule is None:  # a user's schedule names the statements as they are
-        kernel = widen_accumulators(kernel)
+        kernel = prepare_kernel(kernel)
     kernel = stage("ir", kernel, show_kernel)
     check.check_accesses_in_bounds(kernel)
     deps = stage("deps", compute_dependences(kernel), Dependences.dump)
@@ -182,11 +184,25 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     return _folded(Scheduled(kernel, deps, sched))
 
 
+def prepare_kernel(kernel: Kernel) -> Kernel:
+    """The rewrites made before scheduling, unless the user gives the schedule: float16
+    sums accumulate in float32 (:mod:`polyc.widen`), dead writes go (:mod:`polyc.dead`)."""
+    return drop_dead_writes(widen_accumulators(kernel))
+
+
+def storage_rewrites(kernel: Kernel, schedule: isl.Schedule) -> tuple[Kernel, Any]:
+    """The rewrites of a kernel's storage once ``schedule`` is known: its folds
+    (:func:`fold_storage_hints`), then temporaries sharing storage
+    (:func:`polyc.share.share_storage`). Returns the kernel and its dependences when
+    they changed (else None)."""
+    kernel, deps = fold_storage_hints(kernel, schedule)
+    shared, shared_deps = share_storage(kernel, schedule)
+    return (shared, shared_deps) if shared_deps is not None else (kernel, deps)
+
+
 def _folded(scheduled: Scheduled) -> Scheduled:
-    kernel, deps = fold_storage_hints(scheduled.kernel, scheduled.schedule)
-    if deps is None:
-        return Scheduled(kernel, scheduled.deps, scheduled.schedule)
-    return Scheduled(kernel, deps, scheduled.schedule)
+    kernel, deps = storage_rewrites(scheduled.kernel, scheduled.schedule)
+    return Scheduled(kernel, scheduled.deps if deps is None else deps, scheduled.schedule)
 
 
 #: lines of C past which a tiled kernel is compiled untiled: isl's AST of parametric tiles

@@ -114,6 +114,9 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
         if reg is None and inner is not None and not simd:
             reg = register_tile.plan_dot(node, kernel, options, node.band_n_member() - 1)
         sizes = _tile_sizes(node, options, vec)
+        if sizes is not None and reg is None and options.tile is True \
+                and cache_blocks.streams(node, kernel):
+            sizes = None  # rows reuse all there is to reuse: no tiles
         if sizes is not None and reg is not None and options.tile is True:
             flags = tiling.coincident_flags(node)
             sizes = [t if flags[i] else DEFAULT_TILE_REDUCTION_REGISTER

@@ -83,11 +83,31 @@ def fusion_groups(kernel: Kernel, mode: str) -> list[list[Statement]]:
         return [[s] for s in stmts]
     groups: list[list[Statement]] = []
     for s in stmts:
-        if groups and len(groups[-1][-1].iterators) == len(s.iterators):
+        if groups and loop_depth(groups[-1][-1], kernel) == loop_depth(s, kernel):
             groups[-1].append(s)
         else:
             groups.append([s])
     return groups
+
+
+def loop_depth(s: Statement, kernel: Kernel) -> int:
+    """The loops ``s`` really has: its iterators, less those that every piece of a
+    domain made of lower-dimensional pieces fixes to one value (the border of an array,
+    ``i = 0 or i = N-1 or j = 0 or j = N-1``, is four pieces of one loop each: one
+    loop, not two). A dimension the whole domain fixes (a batch of 1) still counts."""
+    domain = s.domain.intersect_params(kernel.context)
+    pieces = domain.get_basic_set_list()
+    if pieces.n_basic_set() < 2:
+        return len(s.iterators)
+    depth = max(len(s.iterators) - _fixed(pieces.get_at(k), len(s.iterators))
+                for k in range(pieces.n_basic_set()))
+    return depth + _fixed(domain.affine_hull(), len(s.iterators))
+
+
+def _fixed(bset: isl.BasicSet, n: int) -> int:
+    """How many independent equalities over its ``n`` dimensions ``bset``'s affine hull has."""
+    return sum(1 for c in bset.affine_hull().get_constraints()
+               if c.is_equality() and c.involves_dims(isl.dim_type.set, 0, n))
 
 
 def _filter_names(umap: isl.UnionMap, names: set[str]) -> isl.UnionMap:

@@ -1,0 +1,262 @@
+"""Storage: dead writes removed before scheduling (``polyc/dead.py``), temporaries
+sharing storage once scheduled (``polyc/share.py``), the loop depth of border pieces in
+``smart`` fusion, and bands left untiled where tiles reuse nothing
+(``polyc.schedule.cache_blocks.streams``).
+
+Every kernel is checked against numpy on sizes that are not multiples of the tiles, on
+each scheduler option, and called twice (a wrongly shared temporary would read what an
+earlier call or array left in the memory).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import islpy as isl
+import numpy as np
+import pytest
+
+import polyc
+from polyc import pipeline
+from polyc.deps import compute_dependences
+from polyc.frontend import from_tc
+from polyc.schedule import cache_blocks, scheduler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "benchmarks"))
+from polybench_kernels import jacobi_tc  # noqa: E402
+
+OPTIONS = {
+    "default": polyc.Options(),
+    "pluto": polyc.Options(scheduler="pluto"),
+    "fusion-min": polyc.Options(fusion="min"),
+    "fusion-max": polyc.Options(fusion="max"),
+    "no-tile": polyc.Options(tile=False),
+    "tile-8": polyc.Options(tile=(8, 8)),
+    "generic-sizes": polyc.Options(specialize=False),
+    "serial": polyc.Options(parallel=False),
+}
+
+# a copy, then its interior overwritten: the copy's interior is dead
+BORDER = """
+def k(float(N,N) X, float(N,N) Y_in) -> (Y) {
+    Y(i,j) = Y_in(i,j)
+    Y(i,j) = 0.25 * (X(i-1,j) + X(i+1,j) + X(i,j-1) + X(i,j+1)) where i in 1:N-1, j in 1:N-1
+}"""
+
+
+def _numpy_jacobi(a, b, steps):
+    a, b = a.copy(), b.copy()
+    for _ in range(steps):
+        b[1:-1, 1:-1] = 0.2 * (a[1:-1, 1:-1] + a[1:-1, :-2] + a[1:-1, 2:] + a[2:, 1:-1]
+                               + a[:-2, 1:-1])
+        a[1:-1, 1:-1] = 0.2 * (b[1:-1, 1:-1] + b[1:-1, :-2] + b[1:-1, 2:] + b[2:, 1:-1]
+                               + b[:-2, 1:-1])
+    return a, b
+
+
+def _statement(kernel, array, index=0):
+    return [s for s in kernel.statements if s.write.array == array][index]
+
+
+# -- dead writes -------------------------------------------------------------------------
+
+def test_overwritten_interior_leaves_the_border():
+    kernel = pipeline.prepare_kernel(from_tc(BORDER))
+    copy = _statement(kernel, "Y")
+    border = isl.Set("[N] -> { S0[i, j] : 0 <= i < N and 0 <= j < N and "
+                     "(i = 0 or i = N - 1 or j = 0 or j = N - 1) }")
+    assert copy.domain.intersect_params(kernel.context).is_equal(
+        border.intersect_params(kernel.context))
+    assert scheduler.loop_depth(copy, kernel) == 1  # four one-loop pieces
+    assert scheduler.loop_depth(_statement(kernel, "Y", 1), kernel) == 2
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 37])
+@pytest.mark.parametrize("opt", list(OPTIONS), ids=str)
+def test_border_copy_runs_right(n, opt):
+    rng = np.random.default_rng(n)
+    x, y = rng.standard_normal((n, n), np.float32), rng.standard_normal((n, n), np.float32)
+    want = y.copy()
+    want[1:-1, 1:-1] = 0.25 * (x[:-2, 1:-1] + x[2:, 1:-1] + x[1:-1, :-2] + x[1:-1, 2:])
+    op = polyc.define(BORDER, options=OPTIONS[opt])
+    for _ in range(2):
+        np.testing.assert_allclose(op(x, y), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("source, kept", [
+    # the copy is read before it is overwritten: all of it stays
+    ("""def k(float(N) X) -> (Y, Z) {
+          Y(i) = X(i)
+          Z(i) = Y(i) * 2.0
+          Y(i) = 3.0 * X(i) where i in 1:N
+        }""", "all"),
+    # a sum onto the copy reads it
+    ("""def k(float(N,M) X) -> (Y) {
+          Y(i) = X(i,0)
+          Y(i) += X(i,j)
+        }""", "all"),
+    # all of it overwritten: the statement goes
+    ("""def k(float(N) X) -> (Y) {
+          Y(i) = X(i)
+          Y(i) = 2.0 * X(i)
+        }""", "none"),
+    # a temporary nothing reads: the statement goes
+    ("""def k(float(N) X) -> (Y) {
+          T(i) = X(i) * 5.0
+          Y(i) = X(i) + 1.0
+        }""", "none"),
+    # the overwrite reads indirectly: the copy is still all overwritten
+    ("""def k(float(N) X, int32(N) I) -> (Y) {
+          Y(i) = X(i)
+          Y(i) = X(I(i)) where i in 0:N
+        }""", "none"),
+])
+def test_what_the_dead_write_pass_keeps(source, kept):
+    kernel = from_tc(source, allow_indirect=True)
+    after = pipeline.prepare_kernel(kernel)
+    first = kernel.statements[0]
+    survivor = [s for s in after.statements if s.name == first.name]
+    if kept == "all":
+        assert survivor and survivor[0].domain.is_equal(first.domain)
+    else:
+        assert not survivor
+    assert after.statements[-1].domain.is_equal(kernel.statements[-1].domain)
+
+
+def test_partly_overwritten_output_keeps_the_rest():
+    src = """def k(float(N) X) -> (Y) {
+                 Y(i) = X(i)
+                 Y(i) = 0.0 where i in 0:N-1
+             }"""
+    kernel = pipeline.prepare_kernel(from_tc(src))
+    assert kernel.statements[0].domain.intersect_params(kernel.context).is_equal(
+        isl.Set("[N] -> { S0[i = N - 1] }").intersect_params(kernel.context))
+    x = np.arange(9, dtype=np.float32) + 1
+    np.testing.assert_array_equal(polyc.define(src)(x), np.where(np.arange(9) < 8, 0, x))
+
+
+# -- shared storage ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [9, 97])
+@pytest.mark.parametrize("opt", list(OPTIONS), ids=str)
+def test_jacobi_sweeps_run_in_the_outputs(n, opt):
+    """jacobi-2d unrolled over 3 steps into temporaries: dead copies go, every
+    temporary lives in one of the two outputs (specialized sizes), results exact."""
+    op = polyc.define(jacobi_tc(3), options=OPTIONS[opt])
+    rng = np.random.default_rng(n)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    want = _numpy_jacobi(a, b, 3)
+    for _ in range(2):
+        got = op(a, b)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+    kernel = op._shown().scheduled.kernel
+    # 97x97 doubles: past MIN_SHARED_BYTES; fused sweeps (max fusion, Pluto) overlap
+    if opt in ("default", "fusion-min", "no-tile", "tile-8", "serial") and n == 97:
+        assert not kernel.temporaries, [t.name for t in kernel.temporaries]
+
+
+def test_temporaries_that_meet_keep_their_own_storage():
+    """T is read after U is written (program order): they never share."""
+    src = """def k(double(N,N) X) -> (Y) {
+                 T(i,j) = X(i,j) + 1.0
+                 U(i,j) = X(i,j) * 2.0
+                 Y(i,j) = T(i,j) + U(i,j)
+             }"""
+    op = polyc.define(src, options=polyc.Options(fusion="min"))
+    x = np.random.default_rng(0).standard_normal((100, 100))
+    np.testing.assert_allclose(op(x), (x + 1) + 2 * x)
+    assert len(op._shown().scheduled.kernel.temporaries) == 2
+
+
+def test_a_chain_of_temporaries_shares_two_buffers():
+    src = """def k(double(N,N) X) -> (Y) {
+                 T0(i,j) = X(i,j) + 1.0
+                 T1(i,j) = T0(i,j) * 2.0
+                 T2(i,j) = T1(i,j) - 3.0
+                 T3(i,j) = T2(i,j) * T2(i,j)
+                 Y(i) +=! T3(i,j)
+             }"""
+    op = polyc.define(src, options=polyc.Options(fusion="min"))
+    x = np.random.default_rng(1).standard_normal((100, 100))
+    for _ in range(2):
+        np.testing.assert_allclose(op(x), ((((x + 1) * 2) - 3) ** 2).sum(1))
+    temps = [t.name for t in op._shown().scheduled.kernel.temporaries]
+    assert temps == ["T0", "T1"]  # T2 in T0's storage, T3 in T1's
+
+
+def test_an_output_not_written_everywhere_takes_no_temporary():
+    """Y's border is never written (it stays zero): a temporary in Y's storage would
+    leave its own values there."""
+    src = """def k(double(N,N) X) -> (double(N,N) Y) {
+                 T(i,j) = X(i,j) * 3.0
+                 Y(i,j) = T(i,j) + 1.0 where i in 1:N-1, j in 0:N
+             }"""
+    op = polyc.define(src, options=polyc.Options(fusion="min"))
+    x = np.random.default_rng(2).standard_normal((100, 100))
+    want = np.zeros_like(x)
+    want[1:-1] = 3 * x[1:-1] + 1
+    for _ in range(2):
+        np.testing.assert_allclose(op(x), want)
+    assert [t.name for t in op._shown().scheduled.kernel.temporaries] == ["T"]
+
+
+def test_a_temporary_read_before_written_keeps_its_zeros():
+    src = """def k(double(N) X) -> (Y) {
+                 T(i) += X(i)
+                 U(i) = T(i) * 2.0
+                 V(i) += U(i)
+                 Y(i) = V(i) + 1.0
+             }"""
+    op = polyc.define(src, options=polyc.Options(fusion="min"))
+    x = np.random.default_rng(3).standard_normal(20000)
+    for _ in range(2):
+        np.testing.assert_allclose(op(x), 2 * x + 1)
+
+
+# -- untiled streaming bands -------------------------------------------------------------
+
+def _streams(tc: str, **sizes: int) -> bool:
+    """:func:`cache_blocks.streams` on the band of isl's schedule of ``tc`` that runs
+    its last statement."""
+    kernel = pipeline.prepare_kernel(from_tc(tc).specialize(sizes))
+    sched = scheduler.compute_schedule(kernel, compute_dependences(kernel), polyc.Options())
+    last = kernel.statements[-1].name
+    todo = [sched.get_root()]
+    while todo:
+        node = todo.pop()
+        if node.get_type() == isl.schedule_node_type.band and any(
+                node.get_domain().get_set_list().get_at(i).get_tuple_name() == last
+                for i in range(node.get_domain().n_set())):
+            return cache_blocks.streams(node, kernel)
+        todo += [node.child(i) for i in range(node.n_children())]
+    raise AssertionError(f"no band runs {last}")
+
+
+STENCIL = "def s(float(N,N) X) -> (Y) { Y(i,j) = X(i-1,j) + X(i+1,j) + X(i,j) where i in 1:N-1 }"
+
+
+def test_stencil_band_is_not_tiled():
+    assert _streams(STENCIL, N=300)
+    op = polyc.define(BORDER, options=polyc.Options(threads=1))
+    op.compiled_for({"N": 300})
+    assert "+= 32" not in op.c_source and "+= 512" not in op.c_source
+
+
+@pytest.mark.parametrize("tc", [
+    "def t(float(N,N) X) -> (Y) { Y(i,j) = X(j,i) }",                      # transposed
+    "def mm(float(N,N) A, float(N,N) B) -> (C) { C(i,j) +=! A(i,k) * B(k,j) }",  # reuse
+    "def b(float(N,N) X, float(N) V) -> (Y) { Y(i,j) = X(i,j) * V(i) + X(j,j) }",  # column
+], ids=["transpose", "matmul", "column"])
+def test_bands_with_reuse_keep_their_tiles(tc):
+    assert not _streams(tc, N=300)
+
+
+def test_broadcast_rows_stream():
+    assert _streams("def b(float(N,N) X, float(N) V, float(N) U) -> (Y) "
+                    "{ Y(i,j) = X(i,j) * V(i) + U(j) }", N=300)
+
+
+def test_rows_too_big_for_the_cache_keep_tiles(monkeypatch):
+    monkeypatch.setattr(cache_blocks.machine, "l2_bytes", lambda: 4096)
+    assert not _streams(STENCIL, N=300)
