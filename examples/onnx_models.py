@@ -140,6 +140,99 @@ def transformer_layer(batch: int = 1, seq: int = 16, d_model: int = 64, heads: i
                    [_io("y", (batch, seq, d_model))])
 
 
+def lenet5(batch: int = 64, seed: int = 0) -> onnx.ModelProto:
+    """LeNet-5 on 28x28 images: Conv 5x5 (padded) + Relu + MaxPool, Conv 5x5 + Relu +
+    MaxPool, three Gemm layers (400 -> 120 -> 84 -> 10)."""
+    b = _Builder(seed)
+    c = b.op("Relu", [b.op("Conv", ["x", b.weight("c1w", (6, 1, 5, 5)),
+                                    b.weight("c1b", (6,), 0.1)], pads=[2, 2, 2, 2])])
+    c = b.op("MaxPool", [c], kernel_shape=[2, 2], strides=[2, 2])
+    c = b.op("Relu", [b.op("Conv", [c, b.weight("c2w", (16, 6, 5, 5)),
+                                    b.weight("c2b", (16,), 0.1)])])
+    c = b.op("Flatten", [b.op("MaxPool", [c], kernel_shape=[2, 2], strides=[2, 2])])
+    for i, (n_in, n_out) in enumerate(((400, 120), (120, 84))):
+        c = b.op("Relu", [b.op("Gemm", [c, b.weight(f"f{i}w", (n_out, n_in)),
+                                        b.weight(f"f{i}b", (n_out,), 0.1)], transB=1)])
+    b.op("Gemm", [c, b.weight("f2w", (10, 84)), b.weight("f2b", (10,), 0.1)], transB=1)
+    b.nodes[-1].output[0] = "y"
+    return b.model("lenet5", [_io("x", (batch, 1, 28, 28))], [_io("y", (batch, 10))])
+
+
+def _conv_bn(b: _Builder, x: str, c_in: int, c_out: int, k: int, stride: int = 1,
+             group: int = 1, act: str | None = "Relu") -> str:
+    """Conv (no bias, ``k x k``, same padding) + BatchNormalization (+ Relu or Relu6)."""
+    tag = f"cv{b.count}"
+    y = b.op("Conv", [x, b.weight(f"{tag}_w", (c_out, c_in // group, k, k))],
+             pads=[k // 2] * 4, strides=[stride, stride], group=group)
+    y = b.op("BatchNormalization", [
+        y, b.const(f"{tag}_s", (1 + 0.1 * b.rng.standard_normal(c_out)).astype(np.float32)),
+        b.weight(f"{tag}_b", (c_out,), 0.1), b.weight(f"{tag}_m", (c_out,), 0.1),
+        b.const(f"{tag}_v", (0.5 + b.rng.random(c_out)).astype(np.float32))])
+    if act == "Relu":
+        return b.op("Relu", [y])
+    if act == "Relu6":
+        return b.op("Clip", [y, b.const(f"{tag}_lo", np.array(0, np.float32)),
+                             b.const(f"{tag}_hi", np.array(6, np.float32))])
+    return y
+
+
+def _classifier(b: _Builder, x: str, channels: int, classes: int) -> None:
+    g = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
+    b.op("Gemm", [g, b.weight("fc_w", (classes, channels)), b.weight("fc_b", (classes,), 0.1)],
+         transB=1)
+    b.nodes[-1].output[0] = "y"
+
+
+def resnet18(batch: int = 1, size: int = 224, classes: int = 1000,
+             seed: int = 0) -> onnx.ModelProto:
+    """ResNet-18 (v1, basic blocks of two 3x3 convolutions; BatchNormalization after
+    every convolution, a 1x1 stride-2 projection where the shape changes)."""
+    b = _Builder(seed)
+    x = _conv_bn(b, "x", 3, 64, 7, 2)
+    x = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    c_in = 64
+    for c_out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        for block in range(2):
+            s = stride if block == 0 else 1
+            y = _conv_bn(b, x, c_in, c_out, 3, s)
+            y = _conv_bn(b, y, c_out, c_out, 3, 1, act=None)
+            short = x if s == 1 and c_in == c_out else _conv_bn(b, x, c_in, c_out, 1, s, act=None)
+            x = b.op("Relu", [b.op("Add", [y, short])])
+            c_in = c_out
+    _classifier(b, x, 512, classes)
+    return b.model("resnet18", [_io("x", (batch, 3, size, size))], [_io("y", (batch, classes))])
+
+
+def mobilenet_v2(batch: int = 1, size: int = 224, classes: int = 1000,
+                 seed: int = 0) -> onnx.ModelProto:
+    """MobileNetV2 (width 1.0): inverted residual blocks -- 1x1 expansion + Relu6, 3x3
+    depthwise convolution (group = channels) + Relu6, 1x1 linear projection, residual
+    Add where the shape allows; BatchNormalization after every convolution."""
+    b = _Builder(seed)
+    x = _conv_bn(b, "x", 3, 32, 3, 2, act="Relu6")
+    c_in = 32
+    for t, c_out, n, stride in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                                (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
+        for i in range(n):
+            s = stride if i == 0 else 1
+            hidden = c_in * t
+            y = x if t == 1 else _conv_bn(b, x, c_in, hidden, 1, act="Relu6")
+            y = _conv_bn(b, y, hidden, hidden, 3, s, group=hidden, act="Relu6")
+            y = _conv_bn(b, y, hidden, c_out, 1, act=None)
+            x = b.op("Add", [x, y]) if s == 1 and c_in == c_out else y
+            c_in = c_out
+    x = _conv_bn(b, x, c_in, 1280, 1, act="Relu6")
+    _classifier(b, x, 1280, classes)
+    return b.model("mobilenet_v2", [_io("x", (batch, 3, size, size))],
+                   [_io("y", (batch, classes))])
+
+
+def bert_layer(batch: int = 1, seq: int = 128, seed: int = 0) -> onnx.ModelProto:
+    """One BERT-base encoder layer: :func:`transformer_layer` at d_model 768, 12 heads,
+    FFN 3072, sequence 128."""
+    return transformer_layer(batch, seq, 768, 12, 3072, seed)
+
+
 def detector_tail(boxes: int = 500, classes: int = 20, per_class: int = 50,
                   iou: float = 0.5, score: float = 0.3) -> onnx.ModelProto:
     """A detector's post-processing: NonMaxSuppression per class, then the kept boxes
