@@ -350,6 +350,7 @@ class BodyPrinter:
         # then widened: the element offset is int64 arithmetic
         indices = tuple(i if E.is_affine(i) or self.dtype(i) == "int64" else E.Cast("int64", i)
                         for i in indices)
+        indices, extents = _unsplit(tuple(indices), tuple(extents))
         lin: E.Expr = indices[0] if indices else E.Const(0)
         for idx, ext in zip(indices[1:], extents[1:]):
             lin = E.Binary("+", E.Binary("*", lin, ext), idx)
@@ -776,3 +777,24 @@ def _minifloat_helpers(dtype: str) -> str:
     lines += ["  return c;", "}",
               f"static inline float {t}_round(float f) {{ return {t}_load({t}_store(f)); }}"]
     return "\n".join(lines)
+
+
+def _unsplit(indices: tuple[E.Expr, ...], extents: tuple[E.Expr, ...]
+             ) -> tuple[tuple[E.Expr, ...], tuple[E.Expr, ...]]:
+    """Adjacent indices ``x // c, x % c`` over a last extent of ``c`` (a channel ``m``
+    read from blocks ``(m / 64, m % 64)``) address element ``x`` of the two dimensions
+    merged: ``(x // c) * c + x % c == x`` for every integer ``x`` (floor division, the
+    remainder of the divisor's sign). One index, not a division and a remainder per
+    element: the loop over ``x`` reads contiguously and vectorizes."""
+    out_i, out_e = list(indices[:1]), list(extents[:1])
+    for idx, ext in zip(indices[1:], extents[1:]):
+        prev = out_i[-1] if out_i else None
+        if isinstance(idx, E.Binary) and idx.op == "%" and isinstance(idx.b, E.Const) \
+                and idx.b.value > 0 and ext == idx.b and isinstance(prev, E.Binary) \
+                and prev.op == "//" and prev.a == idx.a and prev.b == idx.b:
+            out_i[-1] = idx.a
+            out_e[-1] = E.Binary("*", out_e[-1], ext)
+            continue
+        out_i.append(idx)
+        out_e.append(ext)
+    return tuple(out_i), tuple(out_e)

@@ -1,39 +1,40 @@
-"""Layout choice for convolutions: which Conv runs channel-last inside its kernel.
+"""Layout choice for convolutions: which Convs run channel-last, with channel-last
+activations between them.
 
-A model's activations stay NCHW between kernels (the layout of the graph and of the
-caller's arrays). Inside one Conv kernel, though, the layout decides the micro-kernel:
-an NCHW convolution vectorizes along the output width ``ow``. That is good on wide
-feature maps and poor on narrow or strided ones: ResNet-50's 14x14 and 7x7 layers fill
-7 or 14 of 16 float lanes of an AVX-512 vector and leave the register tile (8 x 64 by
-default) with partial tiles only, and a stride-2 layer reads its input with a stride-2
-vector access. Those layers ran at 25-45 GFLOP/s where the wide ones reach ~95.
+A model's graph and the caller's arrays are NCHW. An NCHW convolution vectorizes along
+the output width ``ow``: good on wide feature maps, poor on narrow or strided ones
+(ResNet-50's 14x14 and 7x7 layers fill 7 or 14 of 16 float lanes of an AVX-512 vector,
+and a stride-2 layer reads its input with a stride-2 vector access), and a depthwise
+convolution has no reduction over channels to block. Channel-last (NHWC), the vector
+loop is the output channel instead.
 
-A **channel-last** Conv (chosen here, lowered by :func:`onnx_ops_nn.conv`) computes::
+A Conv chosen here (:func:`wants_nhwc`) becomes polyc's own op ``PolycConvNHWC``
+between two ``Transpose`` nodes::
 
-    Xt(n, h, w, c)           = X(n, c, h - pad, w - pad)   (0 in the padding: one copy)
-    Yt(n, oh, ow, mb, mi)   +=! Xt(n, oh*s + kh*d, ow*s + kw*d, c) * Wb(mb, kh, kw, c, mi)
-    Y(n, m, oh, ow)          = Yt(n, oh, ow, m / MB, m % MB) (+ B(m))   (back to NCHW)
+    Xt = Transpose(X, perm=[0, 2, 3, 1])      (NCHW -> NHWC)
+    Yt = PolycConvNHWC(Xt, Wb, B)             (lowered by onnx_ops_nn.conv_nhwc)
+    Y  = Transpose(Yt, perm=[0, 3, 1, 2])     (NHWC -> NCHW)
 
-with ``Wb`` the weights blocked to ``(M / MB, KH, KW, C, MB)`` once, here, at compile
-time (:func:`blocked_weights`; ``MB`` is 64, 32 or 16 output channels): the weights of
-one block are one contiguous stream. The vector loop is now the output channel ``mi``
-within a block (a whole number of vectors), the register tile's rows run over ``ow``
-(the tile adapts its row count to the extent: 7 rows for widths 7, 14, 28), and the
-input is read one broadcast scalar at a time whatever the stride. The two copies move
-``C*H*W + M*OH*OW`` elements against ``2*M*C*KH*KW*OH*OW`` flops: noise for the layers
-chosen.
+with the weights laid out once, here, at compile time (:func:`nhwc_weights`): blocked
+``(M / MB, KH, KW, C, MB)`` for a dense Conv (``MB`` = 64, 32 or 16 output channels,
+each block one contiguous stream), ``(KH, KW, C)`` for a depthwise one. Then
+:func:`sink_transposes` moves each transposition back to NCHW below the elementwise ops
+that read it (bias, Relu, Clip, the residual Add) until it meets the next Conv's
+transposition to NHWC, and the pair cancels: a chain of convolutions runs channel-last
+from its first Conv to its last, and the graph transposes only where an op that needs
+NCHW reads (a pool, a reshape, the graph's output). Before, each channel-last Conv
+transposed its own input and output inside its kernel; on MobileNetV2's 7x7 and 14x14
+layers those copies cost more than the convolutions.
 
-The rule (:func:`wants_channels_last`): a 2-D Conv with group 1, constant float weights,
-an output channel count that fills whole vectors, at least that many input channels,
-and an output narrower than :data:`NARROW` or a horizontal stride above 1 -- except a
-1x1 unit-stride Conv over at least :data:`FLAT_PIXELS` pixels, which stays NCHW as a
-matmul over the flattened pixels (contiguous, long vector loops, no transposition).
+The rule: a 2-D Conv with constant weights of the input's float type, either dense with
+at least a vector of input channels (:data:`CHANNEL_MULTIPLE`; a stem Conv over 3
+channels stays NCHW) and output channels that block (:func:`channel_block`), or
+depthwise (one group per channel) over at least a vector of channels.
 
-A strided 1x1 Conv over at least :data:`FLAT_PIXELS` output pixels (ResNet's
-downsampling shortcuts, 1x1 stride 2) becomes a ``Slice`` with steps (the pixels it
-reads, one cheap copy of ``C*OH*OW`` elements) and a unit-stride 1x1 Conv, which then
-runs as the flat matmul (:func:`wants_subsampling`). Channel-last, the same layer ran at
-60-80 GFLOP/s and scaled 1.2x from 1 to 2 threads (its copies gather along channels).
+A strided 1x1 Conv left NCHW over at least :data:`FLAT_PIXELS` output pixels becomes a
+``Slice`` with steps (the pixels it reads, one cheap copy of ``C*OH*OW`` elements) and
+a unit-stride 1x1 Conv, which runs as a matmul over the flattened pixels
+(:func:`wants_subsampling`).
 """
 from __future__ import annotations
 
@@ -45,38 +46,54 @@ import numpy as np
 
 from .onnx_graph import Graph, Node, TensorInfo
 
-#: the internal Conv attribute that :func:`onnx_ops_nn.conv` reads (weights blocked)
-CHANNELS_LAST = "polyc_channels_last"
-#: output widths below this run channel-last (NCHW vectors along ``ow`` waste lanes)
-NARROW = 32
-#: a 1x1 unit-stride Conv with at least this many output pixels stays NCHW: it runs as
-#: a matmul over the flattened ``H*W`` pixels, no transposition needed
+#: a strided 1x1 Conv left NCHW over at least this many output pixels is subsampled
+#: first (:func:`wants_subsampling`)
 FLAT_PIXELS = 128
-#: output channels must be a multiple of this (16 float32 lanes of AVX-512)
+#: a vector of float32 channels on AVX-512 (16 lanes): the least input channels of a
+#: dense channel-last Conv, the least channels of a depthwise one, the smallest block
 CHANNEL_MULTIPLE = 16
 
 
-def wants_channels_last(node: Node, graph: Graph) -> bool:
-    """The cost rule of the module doc."""
-    if node.op_type != "Conv" or node.attrs.get(CHANNELS_LAST) or len(node.inputs) < 2:
-        return False
+#: polyc's own op: a 2-D Conv over NHWC input giving NHWC output (weights blocked
+#: ``(M/MB, KH, KW, C, MB)``, or ``(KH, KW, C)`` for a depthwise one); lowered by
+#: :func:`.onnx_ops_nn.conv_nhwc`
+CONV_NHWC = "PolycConvNHWC"
+#: the perms of ``Transpose`` between the graph's NCHW and channel-last activations
+TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+
+
+def wants_nhwc(node: Node, graph: Graph) -> str | None:
+    """``"dense"`` or ``"depthwise"`` when the Conv ``node`` runs channel-last between
+    channel-last activations (see the module doc), else None: a 2-D Conv with constant
+    weights of the input's float type, either group 1 with at least a vector of input
+    channels (:data:`CHANNEL_MULTIPLE`; a stem over 3 channels stays NCHW) and output
+    channels that block (:func:`channel_block`), or one group per channel (depthwise,
+    a channel multiplier of 1) over at least a vector of channels."""
+    if node.op_type != "Conv" or len(node.inputs) < 2:
+        return None
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     weights = graph.constants.get(w)
-    if weights is None or weights.ndim != 4 or int(node.attrs.get("group", 1)) != 1:
-        return False
+    if weights is None or weights.ndim != 4 or len(graph.tensors[x].shape) != 4:
+        return None
     if graph.tensors[x].dtype not in ("float32", "float64") or weights.dtype != \
             np.dtype(graph.tensors[x].dtype):
-        return False
-    ys = graph.tensors[y].shape
-    if len(ys) != 4 or weights.shape[0] % CHANNEL_MULTIPLE or weights.shape[1] < CHANNEL_MULTIPLE:
-        return False  # (a stem conv over 3 input channels stays NCHW: measured faster)
-    strides = [int(s) for s in node.attrs.get("strides", [1, 1])]
-    if len(strides) == 2 and strides[1] > 1:
-        return True
-    if strides == [1, 1] and _pointwise_unpadded(node, weights) and \
-            ys[2] * ys[3] >= FLAT_PIXELS:
-        return False  # a matmul over the flattened pixels (onnx_ops_nn._conv_1x1_flat)
-    return ys[3] < NARROW
+        return None
+    m, cg = weights.shape[:2]
+    c, group = graph.tensors[x].shape[1], int(node.attrs.get("group", 1))
+    if len(graph.tensors[y].shape) != 4:
+        return None
+    if group == 1 and cg >= CHANNEL_MULTIPLE and channel_block(m) is not None:
+        return "dense"
+    if group == c == m and cg == 1 and m >= CHANNEL_MULTIPLE:
+        return "depthwise"
+    return None
+
+
+def nhwc_weights(w: np.ndarray, kind: str) -> np.ndarray:
+    """The weights of a channel-last Conv: :func:`blocked_weights` for a dense one,
+    ``(KH, KW, C)`` for a depthwise one (``(C, 1, KH, KW)``: the channel innermost, the
+    vector loop's)."""
+    return blocked_weights(w) if kind == "dense" else w[:, 0].transpose(1, 2, 0)
 
 
 def _pointwise_unpadded(node: Node, weights: np.ndarray) -> bool:
@@ -89,7 +106,7 @@ def wants_subsampling(node: Node, graph: Graph) -> bool:
     """A group-1, unpadded, strided 1x1 Conv with constant weights over at least
     :data:`FLAT_PIXELS` output pixels: it reads only every ``stride``-th pixel, so the
     pixels are copied out first (see the module doc)."""
-    if node.op_type != "Conv" or node.attrs.get(CHANNELS_LAST) or len(node.inputs) < 2:
+    if node.op_type != "Conv" or len(node.inputs) < 2:
         return False
     weights = graph.constants.get(node.inputs[1])
     if weights is None or weights.ndim < 3 or int(node.attrs.get("group", 1)) != 1:
@@ -100,10 +117,12 @@ def wants_subsampling(node: Node, graph: Graph) -> bool:
         len(ys) == weights.ndim and int(np.prod(ys[2:])) >= FLAT_PIXELS
 
 
-def channel_block(m: int) -> int:
+def channel_block(m: int) -> int | None:
     """Output channels per weight block of a channel-last Conv: 64 (four AVX-512 float
-    vectors, the register tile's width) when they divide ``m``, else 32, else 16."""
-    return next(b for b in (64, 32, CHANNEL_MULTIPLE) if m % b == 0)
+    vectors, the register tile's width) when they divide ``m``, else 32, else 16, else
+    all ``m`` in one block up to 64 (24 channels: one and a half vectors); None past
+    that (1000 channels: no block size fits)."""
+    return next((b for b in (64, 32, CHANNEL_MULTIPLE) if m % b == 0), m if m <= 64 else None)
 
 
 def blocked_weights(w: np.ndarray) -> np.ndarray:
@@ -127,7 +146,8 @@ def wants_transposed_gemm(node: Node, graph: Graph) -> bool:
 
 
 def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
-    """Mark the Convs that run channel-last and give them blocked weights,
+    """Make the Convs that run channel-last ``PolycConvNHWC`` between transpositions,
+    with their weights laid out, and sink the transpositions (:func:`sink_transposes`);
     split each strided 1x1 Conv over many pixels into a strided ``Slice`` and a
     unit-stride Conv, and give each Gemm with ``transB=1`` and constant ``B`` the
     transposed ``B`` (``transB=0``: the layer then vectorizes along its outputs, a GEMV
@@ -173,15 +193,39 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
         return dataclasses.replace(n, inputs=(sub,) + n.inputs[1:],
                                    attrs={**n.attrs, "strides": [1] * len(strides)})
 
+    node_names = {n.name for n in graph.nodes}
+
+    def node_name(base: str) -> str:
+        name, k = base, 1
+        while name in node_names:
+            name, k = f"{base}_{k}", k + 1
+        node_names.add(name)
+        return name
+
+    def transposed_tensor(x: str, perm: tuple[int, ...], base: str) -> str:
+        info = tensors[x]
+        name = fresh(base)
+        tensors[name] = TensorInfo(name, info.dtype, tuple(info.shape[p] for p in perm))
+        return name
+
     for n in graph.nodes:
-        if wants_subsampling(n, graph):
+        kind = wants_nhwc(n, graph)
+        if kind is not None:
+            x, y = n.inputs[0], n.outputs[0]
+            xt = transposed_tensor(x, TO_NHWC, f"{x}_nhwc")
+            yt = transposed_tensor(y, TO_NHWC, f"{y}_nhwc")
+            w = copy(n.inputs[1], kind, lambda v, k=kind: nhwc_weights(v, k))
+            nodes.append(Node(node_name(f"{n.name}_to_nhwc"), "Transpose", (x,), (xt,),
+                              {"perm": list(TO_NHWC)}))
+            nodes.append(dataclasses.replace(n, op_type=CONV_NHWC,
+                                             inputs=(xt, w) + n.inputs[2:], outputs=(yt,)))
+            n = Node(node_name(f"{n.name}_to_nchw"), "Transpose", (yt,), (y,),
+                     {"perm": list(TO_NCHW)})
+            stats["conv_channels_last"] += 1
+        elif wants_subsampling(n, graph):
             n = subsample(n)
             stats["conv_subsampled"] += 1
             subsampled += 1
-        elif wants_channels_last(n, graph):
-            inputs = (n.inputs[0], copy(n.inputs[1], "blocked", blocked_weights)) + n.inputs[2:]
-            n = dataclasses.replace(n, inputs=inputs, attrs={**n.attrs, CHANNELS_LAST: 1})
-            stats["conv_channels_last"] += 1
         elif wants_transposed_gemm(n, graph):
             inputs = (n.inputs[0], copy(n.inputs[1], "t", np.transpose)) + n.inputs[2:]
             n = dataclasses.replace(n, inputs=inputs, attrs={**n.attrs, "transB": 0})
@@ -189,5 +233,89 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
         nodes.append(n)
     if not transposed and not subsampled:
         return graph
-    return eliminate_dead_nodes(dataclasses.replace(
-        graph, nodes=tuple(nodes), constants=constants, tensors=tensors), stats)
+    graph = dataclasses.replace(graph, nodes=tuple(nodes), constants=constants, tensors=tensors)
+    return eliminate_dead_nodes(sink_transposes(graph, stats), stats)
+
+
+#: ops that act on each element alone (any other input a scalar): they commute with a
+#: Transpose of their input
+_UNARY = frozenset([
+    "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu",
+    "Celu", "Softplus", "Softsign", "Mish", "Gelu", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt",
+    "Reciprocal", "Swish", "ThresholdedRelu", "Floor", "Ceil", "Round", "Sign", "Cast"])
+#: ops of several same-shaped operands, element by element (scalars broadcast)
+_NARY = frozenset(["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"])
+
+
+def sink_transposes(graph: Graph, stats: Counter | None = None) -> Graph:
+    """Move each ``Transpose`` below the elementwise ops that read it, and cancel the
+    pairs that meet: ``Relu(Transpose(a, p))`` becomes ``Transpose(Relu(a), p)``,
+    ``Add(Transpose(a, p), Transpose(b, p))`` becomes ``Transpose(Add(a, b), p)``, and
+    ``Transpose(Transpose(a, p), q)`` becomes ``a`` when ``q`` undoes ``p`` (else one
+    ``Transpose``). Between two channel-last Convs the transposition back to NCHW then
+    meets the next one's transposition to NHWC, through the bias, activation and
+    residual additions in between, and both go: the activations stay channel-last."""
+    stats = stats if stats is not None else Counter()
+    tensors = dict(graph.tensors)
+    source: dict[str, tuple[str, tuple[int, ...]]] = {}  # Transpose output -> (input, perm)
+    renames: dict[str, str] = {}
+    names = {n.name for n in graph.nodes}
+    nodes: list[Node] = []
+
+    def fresh(base: str, taken) -> str:
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        return name
+
+    def scalar(t: str) -> bool:
+        return not t or all(d == 1 for d in tensors[t].shape)
+
+    def sunk(n: Node) -> tuple[str, ...] | None:
+        """The perm to move below ``n`` (all its non-scalar inputs Transposes by it)."""
+        if len(n.outputs) != 1 or n.op_type not in _UNARY | _NARY:
+            return None
+        wide = [t for t in n.inputs if not scalar(t)]
+        if not wide or any(t not in source for t in wide):
+            return None
+        if n.op_type in _UNARY and wide != [n.inputs[0]]:
+            return None
+        perms = {source[t][1] for t in wide}
+        shapes = {tensors[t].shape for t in wide}
+        if len(perms) != 1 or shapes != {tensors[n.outputs[0]].shape}:
+            return None
+        return perms.pop()
+
+    for n in graph.nodes:
+        if renames:
+            n = dataclasses.replace(n, inputs=tuple(renames.get(t, t) for t in n.inputs))
+        if n.op_type == "Transpose" and n.inputs[0] in source:
+            x, p = source[n.inputs[0]]
+            q = tuple(p[i] for i in _perm(n, tensors))
+            if q == tuple(range(len(q))) and n.outputs[0] not in graph.outputs:
+                renames[n.outputs[0]] = x
+                stats["transposes_cancelled"] += 2
+                continue
+            n = dataclasses.replace(n, inputs=(x,), attrs={**n.attrs, "perm": list(q)})
+        perm = sunk(n)
+        if perm is not None:
+            y = n.outputs[0]
+            inner = fresh(f"{y}_t", tensors)
+            src_shape = next(tensors[source[t][0]].shape for t in n.inputs if t in source)
+            tensors[inner] = TensorInfo(inner, tensors[y].dtype, src_shape)
+            nodes.append(dataclasses.replace(
+                n, inputs=tuple(source[t][0] if t in source else t for t in n.inputs),
+                outputs=(inner,)))
+            name = fresh(f"{n.name}_transpose", names)
+            names.add(name)
+            n = Node(name, "Transpose", (inner,), (y,), {"perm": list(perm)})
+            stats["transposes_sunk"] += 1
+        if n.op_type == "Transpose":
+            source[n.outputs[0]] = (n.inputs[0], _perm(n, tensors))
+        nodes.append(n)
+    return dataclasses.replace(graph, nodes=tuple(nodes), tensors=tensors)
+
+
+def _perm(n: Node, tensors) -> tuple[int, ...]:
+    r = len(tensors[n.inputs[0]].shape)
+    return tuple(int(p) % r for p in n.attrs.get("perm", range(r - 1, -1, -1)))

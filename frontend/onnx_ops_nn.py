@@ -11,8 +11,8 @@ unguarded read (column bounds depending on ``kw``) are both several times slower
 ResNet-50's padded 3x3 layers. A strided Conv (NCHW) copies its padded input split into
 ``stride x stride`` phase planes instead, so its output row reads unit-stride
 (:func:`_phase_copy`); a 1x1 unit-stride Conv is a matmul over the flattened pixels
-(:func:`_conv_1x1_flat`); a Conv that :mod:`.onnx_layout` marks runs channel-last
-(:func:`_conv_channels_last`). Pools: the padded elements are the identity of the
+(:func:`_conv_1x1_flat`); a Conv that :mod:`.onnx_layout` makes channel-last is polyc's
+own ``PolycConvNHWC`` (:func:`conv_nhwc`). Pools: the padded elements are the identity of the
 reduction (-inf for a max), so the read is left unguarded and the TC frontend restricts
 the iteration domain to the points that read inside the input (an unconditional read
 adds its bounds to the domain; the ``!`` initialisation still covers every output
@@ -37,7 +37,7 @@ import numpy as np
 from polyc import dtypes as D
 
 from .onnx_graph import LowerContext, Lowered, Node, literal, register
-from .onnx_layout import CHANNELS_LAST
+from .onnx_layout import CONV_NHWC
 from .onnx_ops_math import str_attr
 from .onnx_ops_shape import affine, check_dtype, check_nonempty, lhs, names, read, \
     unsupported, where
@@ -120,8 +120,6 @@ def conv(node: Node, ctx: LowerContext) -> Lowered:
     b = node.inputs[2] if len(node.inputs) > 2 else ""
     check_nonempty(node, ctx, x, w, y)
     check_dtype(node, ctx, x, FLOATS)
-    if node.attr(CHANNELS_LAST):
-        return _conv_channels_last(node, ctx)
     return Lowered(conv_statements(node, ctx, x, w, b, ctx.name(y), ctx.shape(y)))
 
 
@@ -241,12 +239,14 @@ def _phase_copy(ctx: LowerContext, x: str, dst: str, win: Window, pad: str | Non
 
 
 def _padded_copy(ctx: LowerContext, x: str, dst: str, win: Window, before: list[str],
-                 after: list[str], pad: str | None = None) -> str:
+                 after: list[str], pad: str | None = None, channel_last: bool = False) -> str:
     """``dst(before.., p.., after..) = X(n, ci, p - pad..)`` (0 in the padding): the
     input's spatial dimensions copied between the leading ``before`` and trailing
-    ``after`` indices (``n, ci`` first for NCHW, ``n`` / ``ci`` around for NHWC)."""
+    ``after`` indices (``n, ci`` first for NCHW, ``n`` / ``ci`` around for NHWC); with
+    ``channel_last`` the input is ``X(n, p.., ci)``."""
     xs = ctx.shape(x)
     k = len(xs) - 2
+    spatial = xs[1:1 + k] if channel_last else xs[2:]
     p = names("p", k)
     ext = [win.max_index(d) + win.begin[d] + 1 for d in range(k)]
     guards = []
@@ -254,60 +254,79 @@ def _padded_copy(ctx: LowerContext, x: str, dst: str, win: Window, before: list[
         e = affine([(1, p[d])], -win.begin[d])
         if win.begin[d] > 0:
             guards.append(f"{e} >= 0")
-        if ext[d] - 1 - win.begin[d] > xs[d + 2] - 1:
-            guards.append(f"{e} < {xs[d + 2]}")
-    xval = read(ctx.name(x), ["n", "ci"] + [affine([(1, p[d])], -win.begin[d])
-                                          for d in range(k)])
+        if ext[d] - 1 - win.begin[d] > spatial[d] - 1:
+            guards.append(f"{e} < {spatial[d]}")
+    at = [affine([(1, p[d])], -win.begin[d]) for d in range(k)]
+    xval = read(ctx.name(x), ["n"] + at + ["ci"] if channel_last else ["n", "ci"] + at)
     zero = pad or literal(0.0, ctx.dtype(x))
-    ranges = [("n", 0, xs[0]), ("ci", 0, xs[1])] + [(p[d], 0, ext[d]) for d in range(k)]
+    channels = xs[-1] if channel_last else xs[1]
+    ranges = [("n", 0, xs[0]), ("ci", 0, channels)] + [(p[d], 0, ext[d]) for d in range(k)]
     return f"{lhs(dst, before + p + after)} = {guarded(guards, xval, zero)}{where(ranges)}"
 
 
-def _conv_channels_last(node: Node, ctx: LowerContext) -> Lowered:
-    """A 2-D, group-1 Conv computed channel-last (see :mod:`.onnx_layout`): weights are
-    blocked ``(M / MB, KH, KW, C, MB)``; the input is copied (padded) to NHWC, the
-    convolution vectorizes along the ``MB`` output channels of a block (its weights one
-    contiguous stream per block), and the result goes back to NCHW with the bias."""
+@register(CONV_NHWC)
+def conv_nhwc(node: Node, ctx: LowerContext) -> Lowered:
+    """polyc's own op (:mod:`.onnx_layout`): a 2-D Conv from NHWC input to NHWC output.
+
+    Dense (group 1), weights blocked ``(M / MB, KH, KW, C, MB)``::
+
+        Yt(n, oh, ow, mb, mi) +=! X(n, oh*s + kh*d - p, ow*s + kw*d - p, c) * Wb(mb, kh, kw, c, mi)
+        Y(n, oh, ow, m)        = Yt(n, oh, ow, m / MB, m % MB) (+ B(m))
+
+    the vector loop over the ``MB`` output channels of a block (its weights one
+    contiguous stream), the register tile's rows over ``ow``, the input read one
+    broadcast scalar at a time whatever the stride; ``Yt`` and ``Y`` hold the same
+    elements in the same order, so the copy-out is a contiguous pass (the one the bias
+    and the fused activation make anyway). Depthwise (one group per channel), weights
+    ``(KH, KW, C)``: ``Y(n, oh, ow, c) +=! X(n, .., .., c) * W(kh, kw, c)``, the vector
+    loop over the channels. A padded input is copied into a zero-padded NHWC temporary
+    first (a contiguous copy), so the convolution's domain is rectangular and unguarded."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     b = node.inputs[2] if len(node.inputs) > 2 else ""
+    check_nonempty(node, ctx, x, w, y)
+    check_dtype(node, ctx, x, FLOATS)
     xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
-    if len(ws) != 5:
-        raise unsupported(node, f"channel-last weights {list(ws)} are not (M/MB, KH, KW, C, MB)")
-    NB, KH, KW, C, MB = ws
-    M = NB * MB
-    if len(xs) != 4 or xs[1] != C or ys[1] != M or \
-            list(node.attr("kernel_shape", [KH, KW])) != [KH, KW]:
+    depthwise = len(ws) == 3
+    if len(xs) != 4 or len(ys) != 4 or len(ws) not in (3, 5):
+        raise unsupported(node, f"channel-last input {list(xs)}, weights {list(ws)}")
+    KH, KW = (ws[0], ws[1]) if depthwise else (ws[1], ws[2])
+    C, M = xs[3], ys[3]
+    if (depthwise and (ws[2] != C or M != C)) or \
+            (not depthwise and (ws[3] != C or ws[0] * ws[4] != M)):
         raise unsupported(node, f"channel-last weights {list(ws)} do not fit input {list(xs)}")
-    win = Window(node, xs[2:], ys[2:], [KH, KW])
-    xt, yt = ctx.temp("xt"), ctx.temp("yt")
+    win = Window(node, xs[1:3], ys[1:3], [KH, KW])
     o, r = names("o", 2), names("k", 2)
-    if KH == KW == 1 and not any(win.begin + win.end):
-        # a 1x1 (maybe strided) conv reads one input pixel per output pixel: copy those
-        pixel = [affine([(win.strides[d], o[d])]) for d in range(2)]
-        ranges = [("n", 0, xs[0])] + [(o[d], 0, ys[d + 2]) for d in range(2)] + [("ci", 0, C)]
-        copy_in = f"{lhs(xt, ['n'] + o + ['ci'])} = " \
-            f"{read(ctx.name(x), ['n', 'ci'] + pixel)}{where(ranges)}"
-        xread = read(xt, ["n"] + o + ["c"])
+    src = ctx.name(x)
+    if any(win.begin + win.end) or any(win.max_index(d) > xs[d + 1] - 1 for d in range(2)):
+        src = ctx.temp("xpad")
+        copy_in = [_padded_copy(ctx, x, src, win, ["n"], ["ci"], channel_last=True)]
+        at = [affine([(win.strides[d], o[d]), (win.dilations[d], r[d])]) for d in range(2)]
     else:
-        copy_in = _padded_copy(ctx, x, xt, win, ["n"], ["ci"])
-        xread = read(xt, ["n"] + [affine([(win.strides[d], o[d]), (win.dilations[d], r[d])])
-                                  for d in range(2)] + ["c"])
-    ranges = [("n", 0, ys[0])] + [(o[d], 0, ys[d + 2]) for d in range(2)] + \
-        [("mb", 0, NB), ("mi", 0, MB)] + [(r[d], 0, ws[d + 1]) for d in range(2)] + \
-        [("c", 0, C)]
-    conv = f"{lhs(yt, ['n'] + o + ['mb', 'mi'])} +=! {xread} * " \
-        f"{read(ctx.name(w), ['mb'] + r + ['c', 'mi'])}{where(ranges)}"
-    out_idx = ["n", "m"] + o
+        copy_in = []
+        at = [win.index(d, o[d], r[d]) for d in range(2)]
+    spatial = [("n", 0, ys[0])] + [(o[d], 0, ys[d + 1]) for d in range(2)]
+    taps = [(r[0], 0, KH), (r[1], 0, KW)]
+    out_idx = ["n"] + o + ["m"]
+    if depthwise:
+        conv = f"{lhs(ctx.name(y), out_idx)} +=! {read(src, ['n'] + at + ['m'])} * " \
+            f"{read(ctx.name(w), r + ['m'])}{where(spatial + [('m', 0, M)] + taps)}"
+        return Lowered(copy_in + [conv] + ([_bias(ctx, ctx.name(y), ys, b, out_idx)]
+                                           if b else []))
+    NB, MB = ws[0], ws[4]
+    yt = ctx.temp("yt")
+    conv = f"{lhs(yt, ['n'] + o + ['mb', 'mi'])} +=! {read(src, ['n'] + at + ['c'])} * " \
+        f"{read(ctx.name(w), ['mb'] + r + ['c', 'mi'])}" \
+        f"{where(spatial + [('mb', 0, NB), ('mi', 0, MB)] + taps + [('c', 0, C)])}"
     value = read(yt, ["n"] + o + [f"m / {MB}", f"m % {MB}"])
     if b:
         value = f"{value} + {read(ctx.name(b), ['m'])}"
     copy_out = f"{lhs(ctx.name(y), out_idx)} = {value}" \
         f"{where([(i, 0, d) for i, d in zip(out_idx, ys)])}"
-    return Lowered([copy_in, conv, copy_out])
+    return Lowered(copy_in + [conv, copy_out])
 
 
 def _bias(ctx: LowerContext, y: str, ys: Sequence[int], b: str, out_idx: list[str]) -> str:
-    """``y(out) = y(out) + b(m)``: ``y`` a TC name of shape ``ys``."""
+    """``y(out) = y(out) + b(m)``: ``y`` a TC name of shape ``ys`` (``m`` among ``out_idx``)."""
     target = lhs(y, out_idx)
     return (f"{target} = {target} + {read(ctx.name(b), ['m'])}"
             f"{where([(i, 0, d) for i, d in zip(out_idx, ys)])}")
@@ -321,8 +340,6 @@ def conv_transpose(node: Node, ctx: LowerContext) -> Lowered:
     b = node.inputs[2] if len(node.inputs) > 2 else ""
     check_nonempty(node, ctx, x, w, y)
     dt = check_dtype(node, ctx, x, FLOATS)
-    if node.attr(CHANNELS_LAST):
-        return _conv_channels_last(node, ctx)
     xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
     k = len(xs) - 2
     if k < 1 or len(ws) != k + 2:

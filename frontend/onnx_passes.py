@@ -52,7 +52,8 @@ FOLD_LIMIT_BYTES = 16 << 20
 #: ops that only re-view their input (lowered as views): kept out of fusion groups
 VIEW_OPS = frozenset(["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"])
 #: ops that start a fusion group (their elementwise consumers join them)
-ANCHOR_OPS = frozenset(["Conv", "ConvTranspose", "Gemm", "MatMul", "PolycConvDot"])
+ANCHOR_OPS = frozenset(["Conv", "ConvTranspose", "Gemm", "MatMul", "PolycConvDot",
+                        "PolycConvNHWC"])
 #: elementwise ops (each output element from the same element of the inputs, broadcast)
 ELEMENTWISE_OPS = frozenset([
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal",
@@ -901,6 +902,7 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
                                              "noops",
                                              "batchnorm_folded", "cse",
                                              "cse_constants", "dead", "conv_channels_last",
+                                             "transposes_sunk", "transposes_cancelled",
                                              "gemm_transposed", "nodes_before",
                                              "nodes_after")}
     _STATS.clear()

@@ -69,7 +69,7 @@ def child(threads: int, repeat: int, rounds: int, names: list[str]) -> None:
 
     import polyc
     from polyc.frontend.onnx_import import load_graph
-    from polyc.frontend.onnx_layout import CHANNELS_LAST
+    from polyc.frontend.onnx_layout import CONV_NHWC
     from polyc.frontend.onnx_passes import optimize_graph
 
     ratios = []
@@ -78,7 +78,7 @@ def child(threads: int, repeat: int, rounds: int, names: list[str]) -> None:
         x = np.random.default_rng(1).standard_normal(
             [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
         ).astype(np.float32)
-        layout = "NHWC" if any(n.attrs.get(CHANNELS_LAST) for n in
+        layout = "NHWC" if any(n.op_type == CONV_NHWC for n in
                                optimize_graph(load_graph(model)).nodes) else "NCHW"
         compiled = polyc.compile_onnx(model, options=polyc.Options(threads=threads))
         sess = ort_session(model, threads)
