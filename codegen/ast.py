@@ -62,18 +62,23 @@ class Promotion:
     #: the initialisation statement whose constant the accumulator starts from ("": the
     #: accumulator is loaded from the array)
     init: str = ""
+    #: the statement the copy-out runs on each accumulator element instead of storing it
+    #: ("": stored); its iterators come from the element (``polyc.ir.element_iterators``)
+    epilogue: str = ""
 
 
-def parse_register_mark(name: str) -> tuple[str, tuple[int, ...], int, str] | None:
-    """``("S1", (8, 64), 512, "")`` for the mark ``"register:S1:8,64:512"``, and
-    ``("S1", (8, 64), 512, "S0")`` for ``"register:S1:8,64:512:S0"`` (the accumulator
-    starts from the constant of the initialisation ``S0``); else None."""
+def parse_register_mark(name: str) -> tuple[str, tuple[int, ...], int, str, str] | None:
+    """``("S1", (8, 64), 512, "", "")`` for the mark ``"register:S1:8,64:512"``,
+    ``("S1", (8, 64), 512, "S0", "")`` for ``"register:S1:8,64:512:S0"`` (the accumulator
+    starts from the constant of the initialisation ``S0``), and ``(..., "S0", "S2")`` for
+    ``"register:S1:8,64:512:S0:S2"`` (the copy-out runs ``S2`` on the accumulator); else
+    None."""
     parts = name.split(":")
-    if len(parts) not in (4, 5) or parts[0] != "register":
+    if len(parts) not in (4, 5, 6) or parts[0] != "register":
         return None
     try:
         return (parts[1], tuple(int(s) for s in parts[2].split(",")), int(parts[3]),
-                parts[4] if len(parts) == 5 else "")
+                parts[4] if len(parts) >= 5 else "", parts[5] if len(parts) == 6 else "")
     except ValueError:
         return None
 
@@ -114,7 +119,7 @@ def build_ast(kernel: Kernel, schedule: isl.Schedule,
 
 
 def _promotion(kernel: Kernel, stmt_name: str, box: tuple[int, ...], bits: int, init: str,
-               build: isl.AstBuild) -> Promotion:
+               epilogue: str, build: isl.AstBuild) -> Promotion:
     s = kernel.statement(stmt_name)
     sched = build.get_schedule().intersect_domain(isl.UnionSet.from_set(s.domain))
     write = isl.UnionMap.from_map(s.write.relation(s.domain))
@@ -133,7 +138,8 @@ def _promotion(kernel: Kernel, stmt_name: str, box: tuple[int, ...], bits: int, 
         hi = proj.lexmax_pw_multi_aff().get_pw_aff(0)
         los.append(build.expr_from_pw_aff(lo))
         spans.append(build.expr_from_pw_aff(hi.sub(lo)))
-    return Promotion(stmt_name, s.write.array, box, tuple(los), tuple(spans), bits, init)
+    return Promotion(stmt_name, s.write.array, box, tuple(los), tuple(spans), bits, init,
+                     epilogue)
 
 
 def annotate_marks(schedule: isl.Schedule) -> tuple[isl.Schedule, int]:

@@ -45,7 +45,7 @@ import islpy as isl
 
 from polyc import expr as E
 from polyc.errors import InternalError
-from polyc.ir import Kernel, Statement
+from polyc.ir import Kernel, Statement, element_iterators
 from polyc.options import Options
 
 from .ast import (
@@ -276,7 +276,10 @@ class _Walker:
         local = acc + "".join(f"[polyc_r{d}]" for d in kept)
 
         def copy(stmt: str) -> cgen.Generable:
-            loop: cgen.Generable = cgen.Statement(stmt)
+            return copy_block(cgen.Statement(stmt))
+
+        def copy_block(stmt: cgen.Generable) -> cgen.Generable:
+            loop: cgen.Generable = stmt
             body: list[cgen.Generable] = [loop]
             for depth, d in enumerate(reversed(kept)):
                 loop = cgen.For(f"{it} polyc_r{d} = 0", f"polyc_r{d} <= {spans[d]}",
@@ -293,8 +296,39 @@ class _Walker:
         start = load(dtype, stored).text
         if p.init:  # the reduction's initial constant (its statement is not scheduled)
             start = printer.expr(self.kernel.statement(p.init).value, dtype).text
-        return [cgen.Block(code + [copy(f"{local} = {start}")] + inner
-                           + [copy(f"{element} = {store(dtype, Piece(local)).text}")])]
+        if p.epilogue:  # the statement that read the array, run on the accumulator
+            out = self._epilogue(p, names, local)
+        else:
+            out = cgen.Statement(f"{element} = {store(dtype, Piece(local)).text}")
+        rest = [copy(f"{local} = {start}")] + inner + [copy_block(out)]
+        text = "\n".join(str(g) for g in rest)
+        code = [c for i, c in enumerate(code)  # an epilogue may not need every corner
+                if i == 0 or _mentions(text, f"polyc_lo{i - 1}")]
+        return [cgen.Block(code + rest)]
+
+    def _epilogue(self, p: Promotion, names: dict[str, str], local: str) -> cgen.Generable:
+        """The epilogue statement of ``p`` at one accumulator element: its iterators from
+        the element's indices (``names``: ``polyc_i<d>`` -> C), its read of the array
+        the accumulator ``local``."""
+        stmt = self.kernel.statement(p.epilogue)
+        read = next(r for r in E.reads(stmt.value) if r.array == p.array)
+        element = tuple(E.Index(f"polyc_i{d}") for d in range(len(p.box)))
+        its = element_iterators(tuple(read.indices), stmt.iterators, element,
+                                stmt.domain.intersect_params(self.kernel.context))
+        if its is None:
+            raise InternalError(f"the epilogue {stmt.name} of a register tile of {p.array} "
+                                f"does not give its iterators")
+        printer = self.sym.printer(self.kernel, names)
+        values = {it: printer.expr(its[it], "int64").text for it in stmt.iterators}
+        saved = self.promoted.get(p.array)
+        self.promoted[p.array] = (local, [])  # any read of the array: this element
+        try:
+            return self._statement(stmt, values)
+        finally:
+            if saved is None:
+                del self.promoted[p.array]
+            else:
+                self.promoted[p.array] = saved
 
     def _isl(self, e: isl.AstExpr) -> Piece:
         return isl_expr(e, self.isl_names)
@@ -329,16 +363,20 @@ class _Walker:
         if call.get_op_n_arg() != len(stmt.iterators) + 1:
             raise InternalError(f"statement {stmt.name} has {len(stmt.iterators)} iterators "
                                 f"but the AST passes {call.get_op_n_arg() - 1}")
+        return self._statement(stmt, {it: self._isl(call.get_op_arg(i + 1)).text
+                                      for i, it in enumerate(stmt.iterators)})
+
+    def _statement(self, stmt: Statement, values: dict[str, str]) -> cgen.Generable:
+        """``stmt`` at the instance whose iterators have the C values ``values``."""
         scope = self.sym.namer.child()
         used = _used_iterators(stmt)
         index_names, decls = {}, []
-        for i, it in enumerate(stmt.iterators):
+        for it in stmt.iterators:
             if it in used:
                 index_names[it] = scope.fresh(it)
-                value = self._isl(call.get_op_arg(i + 1)).text
                 decls.append(cgen.Statement(
                     f"{self.dialect.iterator_prefix}const {self.dialect.index_type} "
-                    f"{index_names[it]} = {value}"))
+                    f"{index_names[it]} = {values[it]}"))
         printer = self.sym.printer(self.kernel, index_names)
         printer.promoted = self.promoted
         dtype = self.kernel.array(stmt.write.array).dtype
@@ -381,8 +419,11 @@ def _declaration(kernel: Kernel, sym: _Symbols, dialect: CDialect,
 def _function(kernel: Kernel, sym: _Symbols, dialect: CDialect,
               body: list[cgen.Generable], storage: str = "",
               attributes: str = "") -> cgen.FunctionBody:
+    # a temporary only register tiles' epilogues read is never stored: not allocated
+    body_text = "\n".join(str(g) for g in body)
     temps = [(sym.arrays[a.name], CTYPES[a.dtype], a.shape,
-              reads_before_writing(kernel, a.name)) for a in kernel.temporaries]
+              reads_before_writing(kernel, a.name)) for a in kernel.temporaries
+             if _mentions(body_text, sym.arrays[a.name])]
     printer = sym.printer(kernel, {})
     inner: list[cgen.Generable] = []
     if temps:  # one block of the thread's scratch (see PRELUDE), carved in 64-byte steps

@@ -19,7 +19,7 @@ import islpy as isl
 from . import expr as E
 from .deps import Dependences
 from .errors import CompileError, ScheduleError
-from .ir import Access, Kernel, params_prefix
+from .ir import Access, Kernel, access_relation, params_prefix
 from .schedule import register_tile
 
 
@@ -47,9 +47,39 @@ def check_accesses_in_bounds(kernel: Kernel) -> None:
 def check_schedule(kernel: Kernel, deps: Dependences, schedule: isl.Schedule) -> None:
     """Raise :class:`ScheduleError` unless ``schedule`` is legal for ``kernel``."""
     _check_covers_domain(kernel, schedule)
-    smap = schedule.get_map().intersect_params(kernel.context)
+    smap = _with_epilogues(kernel, schedule, schedule.get_map().intersect_params(kernel.context))
     _check_order(deps.validity.intersect_params(kernel.context), smap)
     _check_marks(deps, schedule, kernel)
+
+
+def _with_epilogues(kernel: Kernel, schedule: isl.Schedule, smap: isl.UnionMap) -> isl.UnionMap:
+    """``smap`` with the statements register marks run at their copy-outs
+    (:func:`register_tile.epilogue_of`): each instance right after the last update of
+    the element it reads (a time dimension more: 0 for the scheduled instances, 1 for
+    these)."""
+    marks = [(register_tile.parse_mark(m)[0], register_tile.mark_epilogue(m))
+             for m in register_tile.register_marks(schedule)]
+    marks = [(s, e) for s, e in marks if e]
+    if not marks or smap.is_empty():
+        return smap
+    depth = smap.range().as_set().dim(isl.dim_type.set)
+    ts = ", ".join(f"t{i}" for i in range(depth))
+
+    def after(k: int) -> isl.UnionMap:
+        return isl.UnionMap.from_map(isl.Map(f"{{ [{ts}] -> [{ts}{', ' if ts else ''}{k}] }}"))
+    out = smap.apply_range(after(0))
+    for stmt, epilogue in marks:
+        s, e = kernel.statement(stmt), kernel.statement(epilogue)
+        updates = isl.UnionMap.from_map(s.write.relation(s.domain)).reverse()  # A -> S
+        last = updates.apply_range(smap).lexmax()
+        for r in E.reads(e.value):
+            if r.array == s.write.array:
+                read = isl.UnionMap.from_map(access_relation(
+                    e.domain, r.array, tuple(r.indices), kernel.array(r.array).shape))
+                out = out.union(read.intersect_params(kernel.context).apply_range(last)
+                                .apply_range(after(1)))
+                break
+    return out
 
 
 def _check_covers_domain(kernel: Kernel, schedule: isl.Schedule) -> None:

@@ -242,3 +242,53 @@ def make_domain(name: str, iterators: tuple[str, ...], sizes: tuple[str, ...],
     body = " and ".join(conds) if conds else ""
     text = f"{params_prefix(sizes)}{{ {name}[{', '.join(iterators)}]" + (f" : {body} }}" if body else " }")
     return isl.Set(text)
+
+
+def element_iterators(indices: tuple[E.Expr, ...], iterators: tuple[str, ...],
+                      element: tuple[E.Expr, ...], domain: isl.Set | None = None
+                      ) -> dict[str, E.Expr] | None:
+    """The ``iterators`` as expressions of the indices ``element`` of the element an
+    access with ``indices`` reads: the inverse of the access, for the forms ``it + c``
+    (``it = e - c``) and an adjacent pair ``(it + c) // k, (it + c) % k`` (``it = k*e0 +
+    e1 - c``), and an iterator ``domain`` fixes to one value (a batch of 1); None when
+    some iterator is not given so. Only the forms are inverted: whether the access is
+    one-to-one is the caller's to check."""
+    def shifted(ix: E.Expr) -> tuple[str, int] | None:
+        """``(it, c)`` for ``ix == it + c``."""
+        if not E.is_affine(ix) or any(isinstance(x, E.Binary) and x.op in ("//", "%")
+                                      for x in E.walk(ix)):
+            return None
+        its, sizes = E.free_names(ix)
+        if len(its) != 1 or sizes:
+            return None
+        it = next(iter(its))
+        base = E.evaluate(ix, {it: 0})
+        return (it, base) if E.evaluate(ix, {it: 1}) - base == 1 else None
+
+    found: dict[str, E.Expr] = {}
+    d = 0
+    while d < len(indices):
+        ix = indices[d]
+        nxt = indices[d + 1] if d + 1 < len(indices) else None
+        if isinstance(ix, E.Binary) and ix.op == "//" and isinstance(ix.b, E.Const) \
+                and isinstance(nxt, E.Binary) and nxt.op == "%" and nxt.a == ix.a \
+                and nxt.b == ix.b and (inner := shifted(ix.a)) is not None:
+            it, c = inner
+            value = E.Binary("+", E.Binary("*", ix.b, element[d]), element[d + 1])
+            found.setdefault(it, E.Binary("-", value, E.Const(c)) if c else value)
+            d += 2
+            continue
+        if E.free_names(ix)[0]:
+            one = shifted(ix)
+            if one is None:
+                return None
+            it, c = one
+            found.setdefault(it, E.Binary("-", element[d], E.Const(c)) if c else element[d])
+        d += 1
+    if domain is not None:
+        for d, it in enumerate(iterators):
+            if it not in found:
+                v = domain.plain_get_val_if_fixed(isl.dim_type.set, d)
+                if not v.is_nan() and v.is_int():
+                    found[it] = E.Const(v.to_python())
+    return found if set(iterators) <= found.keys() else None

@@ -1,11 +1,13 @@
 """The compiler, one straight list of named stages.
 
     kernel (from a frontend)
+      -> prepare    float16 sums widened, dead writes removed (unless the user schedules)
       -> check      accesses stay in bounds
       -> deps       exact dataflow dependences (isl)
       -> schedule   isl's ILP scheduler under the fusion mode (or the user's schedule)
-      -> optimize   band order, tiling, parallel and SIMD marks
+      -> optimize   band order, tiling, parallel and SIMD marks, register tiles
       -> legality   every dependence and every mark checked against the schedule
+      -> storage    folded temporaries, temporaries sharing storage (checked again)
       -> c          isl AST -> C through cgen
       -> build      gcc -> shared library (cached by content hash)
 

@@ -62,7 +62,8 @@ def test_consumer_after_the_reduction(threads):
     op = polyc.define(MATMUL_THEN_SCALE, threads=threads)
     a, b = random_inputs([((29, 64), "float32"), ((64, 83), "float32")])
     assert_matches_numpy(op(a, b), 2 * (a @ b), **TOL)
-    assert register_tile.dropped_inits(op.schedule) == {"S0"}
+    # the init goes, and the scaling runs at the tile's copy-out (an epilogue)
+    assert register_tile.dropped_inits(op.schedule) == {"S0", "S2"}
 
 
 def test_max_reduction_starts_from_minus_infinity():
@@ -120,3 +121,103 @@ def rowsoftmax(float(M,N) X) -> (Y) {
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+
+# -- epilogues: the consumer of a register tile run at its copy-out --------------------------
+
+EPILOGUE_OPTIONS = {"default": {}, "serial": dict(parallel=False), "tile-16": dict(tile=(16, 16, 16)),
+                    "register-3x5": dict(register_tile=(3, 5)), "pluto": dict(scheduler="pluto")}
+BLOCKED = """
+def f(float(N,H,C) X, float(2,C,32) W, float(64) B) -> (Y) {
+    T(n,h,mb,mi) +=! X(n,h,c) * W(mb,c,mi) where mb in 0:2, mi in 0:32
+    Y(n,h,m) = max(T(n,h,m/32,m%32) + B(m), 0.0) where m in 0:64
+}"""
+
+
+@pytest.mark.parametrize("opt", list(EPILOGUE_OPTIONS), ids=str)
+@pytest.mark.parametrize("shape", [(1, 13, 16), (3, 9, 40)], ids=str)
+def test_blocked_epilogue_runs_at_the_copy_out(opt, shape):
+    """A channel-last conv's copy-out: bias and Relu on each accumulator element, the
+    blocked temporary never stored."""
+    n, h, c = shape
+    op = polyc.define(BLOCKED, **EPILOGUE_OPTIONS[opt])
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((n, h, c)).astype(np.float32)
+    w = rng.standard_normal((2, c, 32)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    want = np.maximum(np.einsum("nhc,mci->nhmi", x, w).reshape(n, h, 64) + b, 0)
+    for _ in range(2):
+        assert_matches_numpy(op(x, w, b), want, **TOL)
+    marks = [m for m in register_tile.register_marks(op.schedule) if register_tile.mark_epilogue(m)]
+    # (16-wide reduction tiles split a sum over 40 channels: partial sums, no epilogue)
+    if opt != "pluto" and not (opt == "tile-16" and c > 16):
+        assert marks, register_tile.register_marks(op.schedule)
+    if marks:
+        body = op.c_source[op.c_source.rindex("int f("):]
+        assert not re.search(r"\bT\[[^=]*\] = ", body)  # T is never stored
+
+
+@pytest.mark.parametrize("src, why", [
+    ("""def f(float(M,K) A, float(K,N) B) -> (D, E) {
+            C(m,n) +=! A(m,k) * B(k,n)
+            D(m,n) = C(m,n) * 2.0
+            E(m,n) = C(m,n) + 1.0
+        }""", "two statements read C"),
+    ("""def f(float(M,K) A, float(K,N) B) -> (D) {
+            C(m,n) +=! A(m,k) * B(k,n)
+            D(m,n) = C(m,n+1) * 2.0 where n in 0:N-1
+        }""", "the consumer reads a shifted element (not every C element once)"),
+    ("""def f(float(M,K) A, float(K,N) B, float(M,N) R) -> (D) {
+            U(m,n) = R(m,n) * 3.0
+            C(m,n) +=! A(m,k) * B(k,n)
+            D(m,n) = C(m,n) + U(m,n)
+        }""", "the consumer reads a temporary another statement computes"),
+    ("""def f(float(M,K) A, float(K,N) B) -> (C, D) {
+            C(m,n) +=! A(m,k) * B(k,n)
+            D(m,n) = C(m,n) * 2.0
+        }""", "C is an output"),
+])
+def test_what_takes_no_epilogue(src, why):
+    op = polyc.define(src, threads=1)
+    m, k, n = 29, 40, 83
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((m, k)).astype(np.float32),
+            rng.standard_normal((k, n)).astype(np.float32)]
+    if "R" in src:
+        args.append(rng.standard_normal((m, n)).astype(np.float32))
+    op(*args)
+    assert not [mk for mk in register_tile.register_marks(op.schedule)
+                if register_tile.mark_epilogue(mk)], why
+
+
+def test_a_reduction_split_over_tiles_takes_no_epilogue():
+    op = polyc.define(MATMUL_THEN_SCALE, threads=1)
+    a, b = random_inputs([((33, 600), "float32"), ((600, 70), "float32")])
+    assert_matches_numpy(op(a, b), 2 * (a @ b), **TOL)
+    assert not register_tile.dropped_inits(op.schedule)
+
+
+def test_legality_check_refuses_a_false_epilogue():
+    """A register mark naming an epilogue that does not qualify is refused."""
+    from polyc import check, pipeline
+    from polyc.errors import ScheduleError
+    from polyc.frontend import from_tc
+    src = """def f(float(M,K) A, float(K,N) B) -> (D, E) {
+                C(m,n) +=! A(m,k) * B(k,n)
+                D(m,n) = C(m,n) * 2.0
+                E(m,n) = C(m,n) + 1.0
+            }"""
+    kernel = from_tc(src).specialize({"M": 29, "K": 40, "N": 83})
+    sched = pipeline.schedule_kernel(kernel, polyc.Options(threads=1))
+    text = sched.schedule.to_str()
+    marks = [mk for mk in register_tile.register_marks(sched.schedule) if mk.count(":") == 4]
+    assert marks
+    forged = text.replace(marks[0], marks[0] + ":S2")
+    import islpy as isl
+    bad = isl.Schedule.read_from_str(sched.schedule.get_ctx(), forged)
+    bad = bad.intersect_domain(isl.UnionSet.from_set(
+        kernel.statement("S0").domain).union(isl.UnionSet.from_set(kernel.statement("S1").domain))
+        .union(isl.UnionSet.from_set(kernel.statement("S3").domain)))
+    with pytest.raises(ScheduleError):
+        check.check_schedule(sched.kernel, sched.deps, bad)

@@ -50,7 +50,7 @@ import islpy as isl
 
 from .. import dtypes as D
 from .. import expr as E
-from ..ir import Kernel, Statement
+from ..ir import Kernel, Statement, access_relation, element_iterators
 from ..options import Options
 from . import machine, tiling
 from .vector import member_iterators
@@ -91,13 +91,18 @@ def machine_shape(dtype: str, options: Options) -> tuple[int, int] | None:
     return _SHAPES[(vector_bits(), _element_bytes(dtype))]
 
 
-def mark_name(stmt: str, box: tuple[int, ...], init: str = "") -> str:
+def mark_name(stmt: str, box: tuple[int, ...], init: str = "", epilogue: str = "",
+              bits: int | None = None) -> str:
     """``"register:S1:8,64:512"``: the statement, its accumulator box, the vector bits
-    (code generation parses it: :func:`polyc.codegen.ast.parse_register_mark`), and with
+    (code generation parses it: :func:`polyc.codegen.ast.parse_register_mark`); with
     ``init`` a fifth part ``":S0"``: the accumulator starts from the value of the
     reduction's initialisation ``S0`` (a constant), which leaves the schedule
-    (:func:`first_visit_init`)."""
-    name = f"{REGISTER}:{stmt}:{','.join(map(str, box))}:{vector_bits()}"
+    (:func:`first_visit_init`); with ``epilogue`` a sixth ``":S2"``: the copy-out runs
+    the pointwise statement ``S2`` on the accumulator instead of storing it, and ``S2``
+    leaves the schedule (:func:`epilogue_of`)."""
+    name = f"{REGISTER}:{stmt}:{','.join(map(str, box))}:{vector_bits() if bits is None else bits}"
+    if epilogue:
+        return f"{name}:{init}:{epilogue}"
     return f"{name}:{init}" if init else name
 
 
@@ -431,6 +436,11 @@ def apply(node: isl.ScheduleNode, p: Plan, kernel: Kernel) -> isl.ScheduleNode |
     if init:
         renamed = top.child(0).delete().insert_mark(isl.Id(mark_name(p.stmt, p.box, init)))
         top = renamed.parent()
+        epilogue = epilogue_of(top.child(0), kernel)
+        if epilogue:
+            renamed = top.child(0).delete().insert_mark(
+                isl.Id(mark_name(p.stmt, p.box, init, epilogue)))
+            top = renamed.parent()
     coincident = [i for i in range(n) if flags[i]]
     iso = _isolate_full_tiles(top, p, coincident.index(p.u),
                               None if p.v is None else coincident.index(p.v))
@@ -468,6 +478,9 @@ def check_mark(mark: isl.ScheduleNode, kernel: Kernel) -> str | None:
     init = mark_init(mark.mark_get_id().get_name())
     if init and first_visit_init(mark, kernel, mark.get_schedule().get_map()) != init:
         return f"its accumulator may not start from {init}'s value"
+    epilogue = mark_epilogue(mark.mark_get_id().get_name())
+    if epilogue and epilogue_of(mark, kernel) != epilogue:
+        return f"its copy-out may not run {epilogue}"
     return None
 
 
@@ -475,7 +488,7 @@ def parse_mark(name: str) -> tuple[str, tuple[int, ...]] | None:
     """``("S1", (8, 64))`` for the mark ``"register:S1:8,64:512"`` (or ``...:512:S0``);
     None for others."""
     parts = name.split(":")
-    if len(parts) not in (4, 5) or parts[0] != REGISTER:
+    if len(parts) not in (4, 5, 6) or parts[0] != REGISTER:
         return None
     try:
         return parts[1], tuple(int(x) for x in parts[2].split(","))
@@ -486,21 +499,98 @@ def parse_mark(name: str) -> tuple[str, tuple[int, ...]] | None:
 def mark_init(name: str) -> str:
     """The initialisation statement a register mark's accumulator starts from, or ""."""
     parts = name.split(":")
-    return parts[4] if len(parts) == 5 and parts[0] == REGISTER else ""
+    return parts[4] if len(parts) in (5, 6) and parts[0] == REGISTER else ""
+
+
+def mark_epilogue(name: str) -> str:
+    """The statement a register mark's copy-out runs (:func:`epilogue_of`), or ""."""
+    parts = name.split(":")
+    return parts[5] if len(parts) == 6 and parts[0] == REGISTER else ""
 
 
 def dropped_inits(schedule: isl.Schedule) -> set[str]:
-    """The statements that register marks of ``schedule`` start from (not scheduled)."""
+    """The statements that register marks of ``schedule`` start from or end with (run
+    by the marks' code, not scheduled themselves)."""
     found: set[str] = set()
 
     def visit(node: isl.ScheduleNode) -> bool:
         if node.get_type() == isl.schedule_node_type.mark:
-            init = mark_init(node.mark_get_id().get_name())
-            if init:
-                found.add(init)
+            name = node.mark_get_id().get_name()
+            found.update(s for s in (mark_init(name), mark_epilogue(name)) if s)
         return True
     schedule.get_root().foreach_descendant_top_down(visit)
     return found
+
+
+def register_marks(schedule: isl.Schedule) -> list[str]:
+    """The names of the register marks of ``schedule``."""
+    found: list[str] = []
+
+    def visit(node: isl.ScheduleNode) -> bool:
+        if node.get_type() == isl.schedule_node_type.mark and \
+                parse_mark(node.mark_get_id().get_name()) is not None:
+            found.append(node.mark_get_id().get_name())
+        return True
+    schedule.get_root().foreach_descendant_top_down(visit)
+    return found
+
+
+#: the element indices of a register tile's array, as the epilogue's iterators see them
+#: (code generation names them so: :func:`polyc.codegen.c_family`)
+ELEMENT = "polyc_i"
+
+
+def epilogue_of(mark: isl.ScheduleNode, kernel: Kernel) -> str:
+    """The statement ``S2`` the copy-out of the register ``mark`` may run on its
+    accumulator instead of storing it, or "".
+
+    Below the mark the reduction ``S`` sums into the temporary ``A``, starting from its
+    initialisation's constant (so every element is complete when its tile is copied
+    out: :func:`first_visit_init`). ``S2`` qualifies when it is a plain assignment,
+    the only statement besides ``S`` (and its initialisation) that touches ``A``, and
+    the only one that writes its own array ``W``, which no statement before ``S2``
+    reads; it reads ``A`` at one element, a one-to-one image of its instance whose
+    inverse :func:`polyc.ir.element_iterators` gives (``yt(n, h, w, m / 64, m % 64)``:
+    ``m = 64*e3 + e4``), over exactly the elements ``S`` writes; and everything else it
+    reads, no statement writes (the kernel's inputs). Then ``S2`` running at each
+    element's copy-out computes what it computed in its own loop nest after ``S``, and
+    ``A`` is never stored: one pass over it fewer, out of the cache the tile is in."""
+    name = mark.mark_get_id().get_name()
+    parsed = parse_mark(name)
+    if parsed is None or not mark_init(name):
+        return ""
+    s = kernel.statement(parsed[0])
+    a = kernel.array(s.write.array)
+    if a.role != "temp":
+        return ""
+    touching = [t for t in kernel.statements if t.name != s.name and t.kind != "init"
+                and (t.write.array == a.name or any(r.array == a.name for r in t.reads))]
+    if len(touching) != 1:
+        return ""
+    e = touching[0]
+    if e.op != "=" or e.write.array == a.name or not e.write.is_affine:
+        return ""
+    order = [t.name for t in kernel.statements]
+    written = {t.write.array for t in kernel.statements}
+    if any(t.write.array == e.write.array and t.name != e.name for t in kernel.statements):
+        return ""
+    if any(r.array == e.write.array for t in kernel.statements[:order.index(e.name)]
+           for r in t.reads):
+        return ""
+    reads = E.reads(e.value)
+    mine = [r for r in reads if r.array == a.name]
+    if not mine or any(tuple(r.indices) != tuple(mine[0].indices) for r in mine) or             any(r.array in written for r in reads if r.array != a.name):
+        return ""
+    ctx = kernel.context
+    element = tuple(E.Index(f"{ELEMENT}{d}") for d in range(a.rank))
+    if element_iterators(tuple(mine[0].indices), e.iterators, element,
+                         e.domain.intersect_params(ctx)) is None:
+        return ""
+    r = access_relation(e.domain, a.name, tuple(mine[0].indices), a.shape).intersect_params(ctx)
+    w = s.write.relation(s.domain).intersect_params(ctx)
+    if not r.is_injective() or not r.range().is_equal(w.range()):
+        return ""
+    return e.name
 
 
 def first_visit_init(mark: isl.ScheduleNode, kernel: Kernel, schedule_map: isl.UnionMap) -> str:
