@@ -301,7 +301,8 @@ def sink_transposes(graph: Graph, stats: Counter | None = None) -> Graph:
         if perm is not None:
             y = n.outputs[0]
             inner = fresh(f"{y}_t", tensors)
-            src_shape = next(tensors[source[t][0]].shape for t in n.inputs if t in source)
+            src_shape = next(tensors[source[t][0]].shape for t in n.inputs
+                             if t in source and not scalar(t))
             tensors[inner] = TensorInfo(inner, tensors[y].dtype, src_shape)
             nodes.append(dataclasses.replace(
                 n, inputs=tuple(source[t][0] if t in source else t for t in n.inputs),

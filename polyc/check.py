@@ -56,7 +56,9 @@ def _with_epilogues(kernel: Kernel, schedule: isl.Schedule, smap: isl.UnionMap) 
     """``smap`` with the statements register marks run at their copy-outs
     (:func:`register_tile.epilogue_of`): each instance right after the last update of
     the element it reads (a time dimension more: 0 for the scheduled instances, 1 for
-    these)."""
+    these). That is the copy-out's time because nothing but the reduction runs below a
+    register mark (:func:`register_tile.check_mark`) and each element's updates all run
+    in one visit of it (the mark's init)."""
     marks = [(register_tile.parse_mark(m)[0], register_tile.mark_epilogue(m))
              for m in register_tile.register_marks(schedule)]
     marks = [(s, e) for s, e in marks if e]

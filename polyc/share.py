@@ -31,6 +31,7 @@ from .deps import Dependences, arrays_read_uninitialized, compute_dependences
 from .dtypes import itemsize
 from .errors import ScheduleError
 from .ir import Access, Kernel, params_prefix
+from .schedule import register_tile
 
 #: temporaries smaller than this keep their own storage
 MIN_SHARED_BYTES = 1 << 16
@@ -66,11 +67,23 @@ def share_storage(kernel: Kernel, schedule: isl.Schedule) -> tuple[Kernel, Depen
     outputs = {name: shape for name in kernel.outputs if name not in kernel.inputs
                and (shape := _shape(kernel, name)) is not None}
     paths = _paths(schedule)
+    # a statement a register mark runs (its init, its epilogue) runs where the mark's
+    # reduction does; the arrays of a mark with an epilogue keep their names (the
+    # epilogue is checked on them)
+    fixed: set[str] = set()
+    for mark in register_tile.register_marks(schedule):
+        stmt = register_tile.parse_mark(mark)[0]
+        for extra in (register_tile.mark_init(mark), register_tile.mark_epilogue(mark)):
+            if extra:
+                paths[extra] = paths.get(stmt, [])
+        if register_tile.mark_epilogue(mark):
+            fixed |= {kernel.statement(stmt).write.array,
+                      kernel.statement(register_tile.mark_epilogue(mark)).write.array}
     span: dict[str, list[int]] = {}  # array -> [first statement, last statement]
     where: dict[str, list[Path]] = {}
     for i, s in enumerate(kernel.statements):
         for a in {s.write.array, *(r.array for r in s.reads)}:
-            if a in sized or a in outputs:
+            if (a in sized or a in outputs) and a not in fixed:
                 span.setdefault(a, [i, i])[1] = i
                 where.setdefault(a, []).extend(paths.get(s.name, []))
     uninitialized = arrays_read_uninitialized(kernel)
@@ -159,6 +172,8 @@ def _before(first: list[Path], then: list[Path]) -> bool:
     """Does everything on the paths ``first`` run before everything on ``then``? Yes when
     all of them pass one sequence node, the same way above it, and every ``first`` path
     takes an earlier child there than every ``then`` path."""
+    if not first or not then:
+        return False
     paths = first + then
     depth = 0
     while all(len(p) > depth for p in paths) and len({p[depth][0] for p in paths}) == 1:

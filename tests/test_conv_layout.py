@@ -422,3 +422,36 @@ def test_sink_transposes_leaves_broadcasts_alone():
              Node("add", "Add", ("t", "c"), ("y",))]  # c broadcasts along the last axis
     g = sink_transposes(_graph(nodes, ["x", "c"], ["y"], shapes))
     assert [n.op_type for n in g.nodes] == ["Transpose", "Add"]
+
+
+def test_sink_transposes_with_a_transposed_scalar_operand():
+    """Add(Transpose(s), Transpose(v)) with s all ones: the sunk Add has v's shape
+    (review: it took the first transposed operand's, the scalar's)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gemm", ["a", "WG"], ["g"], transB=1),  # makes the layout pass run
+             helper.make_node("Transpose", ["v"], ["vt"], perm=[0, 2, 3, 1]),
+             helper.make_node("Transpose", ["s"], ["st"], perm=[0, 2, 3, 1]),
+             helper.make_node("Add", ["st", "vt"], ["z"])]
+    io = helper.make_tensor_value_info
+    g = helper.make_graph(nodes, "g", [io("a", TensorProto.FLOAT, [2, 4]),
+                                       io("v", TensorProto.FLOAT, [1, 3, 4, 5]),
+                                       io("s", TensorProto.FLOAT, [1, 1, 1, 1])],
+                          [io("g", TensorProto.FLOAT, [2, 8]), io("z", TensorProto.FLOAT, [1, 4, 5, 3])],
+                          [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32),
+                                                   "WG")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {"a": rng.standard_normal((2, 4)).astype(np.float32),
+             "v": rng.standard_normal((1, 3, 4, 5)).astype(np.float32),
+             "s": np.full((1, 1, 1, 1), 0.5, np.float32)}
+    want = onnxruntime_outputs(model, feeds)
+    got = polyc.compile_onnx(model).run(None, feeds)
+    for g_, w_ in zip(got, want):
+        np.testing.assert_allclose(g_, w_, rtol=1e-5, atol=1e-5)
+
+
+def test_padded_pointwise_conv_with_a_relu(tmp_cache):
+    """A padded 1x1 Conv then Relu: the Relu runs at the register tiles' copy-out and
+    writes the output alone (review: storage sharing crashed on an output that only an
+    epilogue writes)."""
+    _check_against_onnxruntime(_conv_model(32, 32, 40, 40, 1, 1, 1, residual=False), tmp_cache)

@@ -250,3 +250,18 @@ def test_broadcast_rows_stream():
 def test_rows_too_big_for_the_cache_keep_tiles(monkeypatch):
     monkeypatch.setattr(cache_blocks.machine, "l2_bytes", lambda: 4096)
     assert not _streams(STENCIL, N=300)
+
+
+def test_output_written_only_by_an_epilogue():
+    """Y is written only by the matmul's epilogue (run at the register tiles' copy-out,
+    not in the schedule tree); T is big enough to take part in sharing (review: the
+    planner crashed on Y's empty place in the tree)."""
+    src = """def k(double(N,N) X) -> (Y) {
+                 T(i,j) = X(j,i) * 0.5
+                 M(i,j) +=! T(i,k) * X(k,j)
+                 Y(i,j) = M(i,j) * 2.0
+             }"""
+    x = np.random.default_rng(0).standard_normal((100, 100))
+    for opt in ("default", "fusion-min", "serial"):
+        np.testing.assert_allclose(polyc.define(src, options=OPTIONS[opt])(x), x.T @ x,
+                                   rtol=1e-12, atol=1e-12)

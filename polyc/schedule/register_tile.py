@@ -548,8 +548,8 @@ def epilogue_of(mark: isl.ScheduleNode, kernel: Kernel) -> str:
     initialisation's constant (so every element is complete when its tile is copied
     out: :func:`first_visit_init`). ``S2`` qualifies when it is a plain assignment,
     the only statement besides ``S`` (and its initialisation) that touches ``A``, and
-    the only one that writes its own array ``W``, which no statement before ``S2``
-    reads; it reads ``A`` at one element, a one-to-one image of its instance whose
+    the only one that writes its own array ``W``, one element per instance, which no
+    statement before ``S2`` reads; it reads ``A`` at one element, a one-to-one image of its instance whose
     inverse :func:`polyc.ir.element_iterators` gives (``yt(n, h, w, m / 64, m % 64)``:
     ``m = 64*e3 + e4``), over exactly the elements ``S`` writes; and everything else it
     reads, no statement writes (the kernel's inputs). Then ``S2`` running at each
@@ -589,6 +589,12 @@ def epilogue_of(mark: isl.ScheduleNode, kernel: Kernel) -> str:
     r = access_relation(e.domain, a.name, tuple(mine[0].indices), a.shape).intersect_params(ctx)
     w = s.write.relation(s.domain).intersect_params(ctx)
     if not r.is_injective() or not r.range().is_equal(w.range()):
+        return ""
+    # its instances write distinct elements: running them inside the reduction's
+    # (maybe parallel) loops adds no dependence between those loops' iterations
+    out = access_relation(e.domain, e.write.array, tuple(e.write.indices),
+                          kernel.array(e.write.array).shape).intersect_params(ctx)
+    if not out.is_injective():
         return ""
     return e.name
 
