@@ -546,10 +546,12 @@ def epilogue_of(mark: isl.ScheduleNode, kernel: Kernel) -> str:
 
     Below the mark the reduction ``S`` sums into the temporary ``A``, starting from its
     initialisation's constant (so every element is complete when its tile is copied
-    out: :func:`first_visit_init`). ``S2`` qualifies when it is a plain assignment,
-    the only statement besides ``S`` (and its initialisation) that touches ``A``, and
-    the only one that writes its own array ``W``, one element per instance, which no
-    statement before ``S2`` reads; it reads ``A`` at one element, a one-to-one image of its instance whose
+    out: :func:`first_visit_init`). ``S2`` qualifies when it is a plain assignment to an
+    array ``W`` of ``A``'s type (no conversion: a requantization to int8 ran slower at
+    the copy-out than in its own pass), the only statement besides ``S`` (and its
+    initialisation) that touches ``A``, and the only one that writes ``W``, one element
+    per instance, which no statement before ``S2`` reads; it reads ``A`` at one
+    element, a one-to-one image of its instance whose
     inverse :func:`polyc.ir.element_iterators` gives (``yt(n, h, w, m / 64, m % 64)``:
     ``m = 64*e3 + e4``), over exactly the elements ``S`` writes; and everything else it
     reads, no statement writes (the kernel's inputs). Then ``S2`` running at each
@@ -569,6 +571,10 @@ def epilogue_of(mark: isl.ScheduleNode, kernel: Kernel) -> str:
         return ""
     e = touching[0]
     if e.op != "=" or e.write.array == a.name or not e.write.is_affine:
+        return ""
+    if kernel.array(e.write.array).dtype != a.dtype:
+        # a conversion (int32 sums requantized to uint8 in double) ran 7% slower at the
+        # copy-out than in its own vectorized pass (ResNet-50 int8)
         return ""
     order = [t.name for t in kernel.statements]
     written = {t.write.array for t in kernel.statements}
