@@ -39,6 +39,7 @@ import contextlib
 import os
 import select
 import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -162,22 +163,28 @@ def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
     return _budgeted(kernel, deps, group, whole_component)
 
 
+_BUDGET_LOCK = threading.Lock()
+
+
 def _budgeted(kernel: Kernel, deps: Dependences, group: list[Statement],
               whole_component: bool) -> isl.Schedule:
     """isl's schedule of ``group`` within :data:`ISL_OPERATIONS`, or the fallbacks of
     the module doc past it."""
     ctx = kernel.context.get_ctx()
-    old = ctx.get_max_operations()
-    ctx.set_max_operations(ISL_OPERATIONS)
-    ctx.reset_operations()
-    try:
-        return _isl_schedule(kernel, deps, group, whole_component)
-    except isl.Error as e:
-        if "maximal number of operations" not in str(e):
-            raise
-    finally:
-        ctx.set_max_operations(old)
+    # the budget is the context's, shared by every thread: one budgeted call at a time,
+    # and none left set afterwards (restoring an "old" value a concurrent call had set
+    # once left every later isl call of a test worker over budget)
+    with _BUDGET_LOCK:
+        ctx.set_max_operations(ISL_OPERATIONS)
         ctx.reset_operations()
+        try:
+            return _isl_schedule(kernel, deps, group, whole_component)
+        except isl.Error as e:
+            if "maximal number of operations" not in str(e):
+                raise
+        finally:
+            ctx.set_max_operations(0)
+            ctx.reset_operations()
     if len(group) == 1:
         return _source_order(kernel, group[0])
     if kernel.order:  # statements share loops: the source's own order is the legal one
