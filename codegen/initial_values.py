@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import islpy as isl
 
-from polyc import expr as E
-from polyc.ir import Access, Array, Kernel, Statement
+from polyc.ir import Access, Kernel, Statement, array_box
 
 
 def reads_before_writing(kernel: Kernel, array: str) -> bool:
@@ -35,7 +34,7 @@ def reads_initial_values(kernel: Kernel, array: str) -> bool:
 
 def _follow(kernel: Kernel, array: str) -> tuple[bool, isl.Set, isl.Set]:
     """(an initial value is read, the elements written with ``=``, the array's box)."""
-    box = _box(kernel, kernel.array(array))
+    box = array_box(kernel, array)
     written = box.subtract(box)  # empty, same space
     for s in kernel.statements:
         for r in s.reads:
@@ -44,14 +43,6 @@ def _follow(kernel: Kernel, array: str) -> tuple[bool, isl.Set, isl.Set]:
         if s.write.array == array and s.op == "=" and s.write.is_affine:
             written = written.union(_touched(s, s.write, box))
     return False, written, box
-
-
-def _box(kernel: Kernel, arr: Array) -> isl.Set:
-    names = [f"d{i}" for i in range(arr.rank)]
-    conds = " and ".join(f"0 <= {d} < {E.to_isl(x)}" for d, x in zip(names, arr.shape))
-    prefix = f"[{', '.join(kernel.sizes)}] -> " if kernel.sizes else ""
-    text = f"{prefix}{{ {arr.name}[{', '.join(names)}]" + (f" : {conds} }}" if conds else " }")
-    return isl.Set(text).intersect_params(kernel.context)
 
 
 def _touched(s: Statement, access: Access, box: isl.Set) -> isl.Set:

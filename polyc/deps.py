@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from . import expr as E
-from .ir import Kernel, Statement, params_prefix
+from .ir import Kernel, Statement, array_box, params_prefix
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,20 +132,15 @@ def live_instances(kernel: Kernel) -> isl.UnionSet:
         f"{{ [{', '.join(f't{i}' for i in range(depth))}] -> "
         f"[0{''.join(f', t{i}' for i in range(depth))}] }}"))
     order = order.apply_range(ahead)
-    prefix = params_prefix(kernel.sizes)
     end_reads = isl.UnionMap.empty(kernel.context.get_space())
     for name in kernel.outputs:
-        arr = kernel.array(name)
-        es = [f"e{d}" for d in range(len(arr.shape))]
-        bounds = " and ".join(f"0 <= e{d} < {E.to_isl(x)}" for d, x in enumerate(arr.shape))
-        stmt = f"polyc_end_{name}[{', '.join(es)}]"
-        end = isl.Map(f"{prefix}{{ {stmt} -> {name}[{', '.join(es)}]"
-                      f"{' : ' + bounds if bounds else ''} }}")
+        end = isl.Set.identity(array_box(kernel, name)).set_tuple_name(
+            isl.dim_type.in_, f"polyc_end_{name}")
         end_reads = end_reads.union(isl.UnionMap.from_map(end))
-        order = order.union(isl.UnionMap.from_map(isl.Map(
-            f"{prefix}{{ {stmt} -> [1{', 0' * depth}] }}")))
-    sinks = _accesses(kernel, list(kernel.statements), "read").union(
-        end_reads.intersect_params(kernel.context))
+        at_end = isl.Map.from_domain_and_range(end.domain(), isl.Set(
+            f"{{ [1{', 0' * depth}] }}"))
+        order = order.union(isl.UnionMap.from_map(at_end))
+    sinks = _accesses(kernel, list(kernel.statements), "read").union(end_reads)
     flow = _flow(kernel, sinks, order).get_may_dependence()
     return flow.domain()
 

@@ -206,6 +206,17 @@ def default_context(sizes: tuple[str, ...], arrays: tuple[Array, ...]) -> isl.Se
     return isl.Set(f"{params_prefix(sizes)}{{ : {body} }}" if body else "{ : }")
 
 
+def array_box(kernel: "Kernel", array: str) -> isl.Set:
+    """``{ array[e..] : 0 <= e_d < extent_d }``: every element of ``array``, in the
+    kernel's context."""
+    arr = kernel.array(array)
+    names = [f"d{i}" for i in range(arr.rank)]
+    conds = " and ".join(f"0 <= {d} < {E.to_isl(x)}" for d, x in zip(names, arr.shape))
+    text = f"{params_prefix(kernel.sizes)}{{ {array}[{', '.join(names)}]" + \
+        (f" : {conds} }}" if conds else " }")
+    return isl.Set(text).intersect_params(kernel.context)
+
+
 def access_relation(domain: isl.Set, array: str, indices: tuple[E.Expr, ...],
                     shape: tuple[E.Expr, ...] | None = None) -> isl.Map:
     """``{ S[iters] -> array[indices] }`` restricted to ``domain``.

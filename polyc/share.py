@@ -30,7 +30,7 @@ from . import expr as E
 from .deps import Dependences, arrays_read_uninitialized, compute_dependences
 from .dtypes import itemsize
 from .errors import ScheduleError
-from .ir import Access, Kernel, params_prefix
+from .ir import Access, Kernel, array_box
 from .schedule import register_tile
 
 #: temporaries smaller than this keep their own storage
@@ -134,10 +134,7 @@ def _writes_all(kernel: Kernel, array: str) -> bool:
     """Do the plain assignments to ``array`` write every element of it? (Then whatever
     another array left in its storage is overwritten before the kernel returns.)"""
     arr = kernel.array(array)
-    es = [f"e{d}" for d in range(arr.rank)]
-    bounds = " and ".join(f"0 <= e{d} < {E.to_isl(x)}" for d, x in enumerate(arr.shape))
-    box = isl.Set(f"{params_prefix(kernel.sizes)}{{ {array}[{', '.join(es)}]"
-                  f"{' : ' + bounds if bounds else ''} }}").intersect_params(kernel.context)
+    box = array_box(kernel, array)
     written = box.subtract(box)
     for s in kernel.statements:
         if s.write.array == array and s.op == "=" and s.write.is_affine:

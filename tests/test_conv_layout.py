@@ -455,3 +455,12 @@ def test_padded_pointwise_conv_with_a_relu(tmp_cache):
     writes the output alone (review: storage sharing crashed on an output that only an
     epilogue writes)."""
     _check_against_onnxruntime(_conv_model(32, 32, 40, 40, 1, 1, 1, residual=False), tmp_cache)
+
+
+def test_channel_last_block_on_cuda_emulation():
+    """The same block through the CUDA target, run by the CPU emulation of the .cu."""
+    model = _block_model(16, 96, 9, 11, 1, True)
+    feeds = _feeds(model)
+    want = onnxruntime_outputs(model, feeds)[0]
+    m = polyc.compile_onnx(model, options=polyc.Options(target="cuda", emulate=True))
+    np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)

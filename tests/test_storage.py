@@ -265,3 +265,21 @@ def test_output_written_only_by_an_epilogue():
     for opt in ("default", "fusion-min", "serial"):
         np.testing.assert_allclose(polyc.define(src, options=OPTIONS[opt])(x), x.T @ x,
                                    rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("src", ["border", "jacobi"])
+def test_dead_writes_and_sharing_on_cuda_emulation(src):
+    """The border copy and the shared Jacobi temporaries through the CUDA target, run by
+    the CPU emulation of the .cu."""
+    opts = polyc.Options(target="cuda", emulate=True)
+    rng = np.random.default_rng(5)
+    if src == "border":
+        x, y = rng.standard_normal((37, 37), np.float32), rng.standard_normal((37, 37), np.float32)
+        want = y.copy()
+        want[1:-1, 1:-1] = 0.25 * (x[:-2, 1:-1] + x[2:, 1:-1] + x[1:-1, :-2] + x[1:-1, 2:])
+        np.testing.assert_allclose(polyc.define(BORDER, options=opts)(x, y), want,
+                                   rtol=1e-5, atol=1e-5)
+        return
+    a, b = rng.standard_normal((97, 97)), rng.standard_normal((97, 97))
+    for g, w in zip(polyc.define(jacobi_tc(3), options=opts)(a, b), _jacobi_ref(3)(a, b)):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
