@@ -65,20 +65,25 @@ class Promotion:
     #: the statement the copy-out runs on each accumulator element instead of storing it
     #: ("": stored); its iterators come from the element (``polyc.ir.element_iterators``)
     epilogue: str = ""
+    #: the statement is a byte dot product (``polyc.ir.quad_dot``): its column loop may be
+    #: written with ``vpdpbusd`` (:mod:`polyc.codegen.c_family`)
+    quad: bool = False
 
 
-def parse_register_mark(name: str) -> tuple[str, tuple[int, ...], int, str, str] | None:
+def parse_register_mark(name: str) -> tuple[str, tuple[int, ...], int, str, str, bool] | None:
     """``("S1", (8, 64), 512, "", "")`` for the mark ``"register:S1:8,64:512"``,
     ``("S1", (8, 64), 512, "S0", "")`` for ``"register:S1:8,64:512:S0"`` (the accumulator
     starts from the constant of the initialisation ``S0``), and ``(..., "S0", "S2")`` for
     ``"register:S1:8,64:512:S0:S2"`` (the copy-out runs ``S2`` on the accumulator); else
-    None."""
+    None. The last item: the bits end in ``q`` (``"512q"``), a byte dot product."""
     parts = name.split(":")
     if len(parts) not in (4, 5, 6) or parts[0] != "register":
         return None
+    bits = parts[3]
+    quad = bits.endswith("q")
     try:
-        return (parts[1], tuple(int(s) for s in parts[2].split(",")), int(parts[3]),
-                parts[4] if len(parts) >= 5 else "", parts[5] if len(parts) == 6 else "")
+        return (parts[1], tuple(int(s) for s in parts[2].split(",")), int(bits.rstrip("q")),
+                parts[4] if len(parts) >= 5 else "", parts[5] if len(parts) == 6 else "", quad)
     except ValueError:
         return None
 
@@ -119,7 +124,7 @@ def build_ast(kernel: Kernel, schedule: isl.Schedule,
 
 
 def _promotion(kernel: Kernel, stmt_name: str, box: tuple[int, ...], bits: int, init: str,
-               epilogue: str, build: isl.AstBuild) -> Promotion:
+               epilogue: str, quad: bool, build: isl.AstBuild) -> Promotion:
     s = kernel.statement(stmt_name)
     sched = build.get_schedule().intersect_domain(isl.UnionSet.from_set(s.domain))
     write = isl.UnionMap.from_map(s.write.relation(s.domain))
@@ -139,7 +144,7 @@ def _promotion(kernel: Kernel, stmt_name: str, box: tuple[int, ...], bits: int, 
         los.append(build.expr_from_pw_aff(lo))
         spans.append(build.expr_from_pw_aff(hi.sub(lo)))
     return Promotion(stmt_name, s.write.array, box, tuple(los), tuple(spans), bits, init,
-                     epilogue)
+                     epilogue, quad)
 
 
 def annotate_marks(schedule: isl.Schedule) -> tuple[isl.Schedule, int]:

@@ -692,10 +692,85 @@ def _prelude() -> str:
 PRELUDE = _prelude()
 
 
+#: the helpers of the VNNI code of byte dot products (``polyc.codegen.c_family``)
+VNNI_HELPERS = """#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#include <immintrin.h>
+/* the first n (clamped to 0..16) of 16 lanes */
+__attribute__((unused)) static inline __mmask16 polyc_lanes16(int64_t n)
+{
+  return n <= 0 ? (__mmask16)0 : n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
+}
+/* four bytes at p in every 32-bit lane */
+__attribute__((unused)) static inline __m512i polyc_bcast4(const void *p)
+{
+  int32_t v;
+  memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+#endif"""
+
+
+def vnni_kernel_name(mr: int, nv: int, x_step: int, w_step: int, w_row: int,
+                     partial: bool = False) -> str:
+    """The VNNI micro-kernel (:func:`vnni_kernel`) of ``mr`` rows of ``nv`` vectors
+    whose lanes move ``x_step`` bytes a step and whose weights move ``w_step`` bytes a
+    step and ``w_row`` bytes a row (``partial``: for fewer rows than ``mr``)."""
+    return f"polyc_vnni_{mr}x{nv}_x{x_step}_w{w_step}_r{w_row}{'_part' if partial else ''}"
+
+
+_VNNI_NAME = re.compile(r"polyc_vnni_([0-9]+)x([0-9]+)_x([0-9]+)_w([0-9]+)_r([0-9]+)(_part)?")
+
+
+def vnni_kernel(mr: int, nv: int, x_step: int, w_step: int, w_row: int,
+                partial: bool = False) -> str:
+    """The C of a register tile's byte dot products on AVX-512 VNNI::
+
+        acc[i][16 j + l] += sum_{s < steps} sum_{r < 4} x[s*XS + 64 j + 4 l + r] * w[s*WS + i*WR + r]
+
+    for the ``mr x nv`` vectors of int32 sums of ``acc`` (rows of ``16 nv``) and the lanes
+    of vector ``j`` that ``lanes[j]`` selects (the others add 0). One ``vpdpbusd`` a
+    vector and step, the accumulators in registers: one loop, in a function of its own
+    (gcc 12 kept copies of the accumulators in other registers and on the stack when
+    the loop shared a function with other code, or with a second loop, 2x slower). The
+    ``partial`` kernel takes the rows below ``rows`` (the others repeat row 0: a partial
+    tile reads no weight past its last row). ``noipa``: a copy specialised to a call's
+    constant trip count had the copies again."""
+    acc = [(i, j) for i in range(mr) for j in range(nv)]
+    v = ", ".join(f"a{i}_{j} = _mm512_load_si512(acc + {i * nv * 16 + 16 * j})" for i, j in acc)
+    ks = ", ".join(f"k{j} = lanes[{j}]" for j in range(nv))
+    xs = ", ".join(f"x{j} = _mm512_maskz_loadu_epi32(k{j}, x + {64 * j})" for j in range(nv))
+    body = [f"    const __m512i {xs};", "    __m512i b;"]
+    for i in range(mr):
+        body.append(f"    b = polyc_bcast4(w + {f'o{i}' if partial else i * w_row});")
+        body += [f"    a{i}_{j} = _mm512_dpbusd_epi32(a{i}_{j}, x{j}, b);" for j in range(nv)]
+    offsets = ", ".join(f"o{i} = (int64_t)({i} < rows ? {i} : 0) * {w_row}" for i in range(mr))
+    lines = [
+        f"__attribute__((noipa, unused)) static void "
+        f"{vnni_kernel_name(mr, nv, x_step, w_step, w_row, partial)}(int32_t *restrict acc, "
+        "const uint8_t *restrict x, const int8_t *restrict w, int64_t steps, "
+        "const __mmask16 *restrict lanes, int64_t rows)",
+        "{",
+        f"  const __mmask16 {ks};",
+        f"  const int64_t {offsets};" if partial else "  (void)rows;",
+        f"  __m512i {v};",
+        f"  for (int64_t s = 0; s < steps; s++, x += {x_step}, w += {w_step}) {{",
+        *body,
+        "  }",
+        *[f"  _mm512_store_si512(acc + {i * nv * 16 + 16 * j}, a{i}_{j});" for i, j in acc],
+        "}"]
+    return "\n".join(lines)
+
+
 def prelude_for(text: str) -> str:
-    """:data:`PRELUDE`, and the conversions of the minifloat types ``text`` uses."""
+    """:data:`PRELUDE`, and the conversions of the minifloat types ``text`` uses (and the
+    VNNI micro-kernels it calls)."""
     extra = [_minifloat_helpers(name) for name in D.FLOATS
              if D.get(name).minifloat and f"polyc_{_tag(name)}_" in text]
+    kernels = sorted({(*(int(g) for g in m.groups()[:5]), bool(m.group(6)))
+                      for m in _VNNI_NAME.finditer(text)})
+    if kernels:
+        extra.append(VNNI_HELPERS.replace(
+            "#endif", "\n".join(vnni_kernel(*k) for k in kernels) + "\n#endif"))
     return "\n".join([PRELUDE, *extra])
 
 

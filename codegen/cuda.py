@@ -87,6 +87,7 @@ class CudaDialect(CDialect):
     accumulator_attribute = ""
     unroll_pragma = "unroll {}"
     iterator_prefix = "[[maybe_unused]] "
+    vnni_intrinsics = False
 
 
 @dataclass(frozen=True)

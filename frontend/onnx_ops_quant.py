@@ -20,6 +20,8 @@ then ``PolycRequantize``.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from polyc import dtypes as D
 
 from .onnx_graph import LowerContext, Lowered, Node, register
@@ -245,8 +247,9 @@ def requantize(node: Node, ctx: LowerContext) -> Lowered:
     an int32 bias per output channel."""
     acc, xs_, ws_, ys_, zy = node.inputs[:5]
     bias = node.inputs[5] if present(node, 5) else ""
+    flat = ctx.rank(acc) == 3 and ctx.rank(node.outputs[0]) > 3
     return Lowered([_requantize(node, ctx, ctx.name(acc), xs_, ws_, ys_,
-                                zy, node.outputs[0], bias)])
+                                zy, node.outputs[0], bias, flat)])
 
 
 @register("PolycIm2Col")
@@ -260,13 +263,23 @@ def im2col(node: Node, ctx: LowerContext) -> Lowered:
     xs, cs = ctx.shape(x), ctx.shape(cols)
     k = len(xs) - 2
     kernel = [int(v) for v in node.attr("kernel_shape")]
-    win = Window(node, xs[2:], cs[1:1 + k], kernel)
+    quad = bool(node.attr("polyc_quad", 0))
+    out = cs[2 + k:2 + 2 * k] if quad else cs[1:1 + k]
+    win = Window(node, xs[2:], out, kernel)
     o, r = names("o", k), names("k", k)
     guards = [g for d in range(k) for g in win.guards(d, o[d], r[d])]
-    value = read(ctx.name(x), ["n", "c"] + [win.index(d, o[d], r[d]) for d in range(k)])
     pad = cast_to(ctx.dtype(x), _zero_point(node, ctx, 1, None, "the input's"))
-    ranges = [("n", 0, xs[0])] + [(o[d], 0, cs[1 + d]) for d in range(k)] + \
-        [(r[d], 0, kernel[d]) for d in range(k)] + [("c", 0, xs[1])]
+    spatial = [(o[d], 0, out[d]) for d in range(k)] + [(r[d], 0, kernel[d]) for d in range(k)]
+    if quad:  # cols(n, k.., cq, o.., c % 4) = x(n, c, ...): channels in groups of four
+        channel = "4*cq + c4"
+        if xs[1] % 4:
+            guards.append(f"{channel} < {xs[1]}")
+        value = read(ctx.name(x), ["n", channel] + [win.index(d, o[d], r[d]) for d in range(k)])
+        ranges = [("n", 0, xs[0])] + spatial + [("cq", 0, cs[1 + k]), ("c4", 0, 4)]
+        return Lowered([f"{lhs(ctx.name(cols), ['n'] + r + ['cq'] + o + ['c4'])} = "
+                        f"{guarded(guards, value, pad)}{where(ranges)}"])
+    value = read(ctx.name(x), ["n", "c"] + [win.index(d, o[d], r[d]) for d in range(k)])
+    ranges = [("n", 0, xs[0])] + spatial + [("c", 0, xs[1])]
     return Lowered([f"{lhs(ctx.name(cols), ['n'] + o + r + ['c'])} = "
                     f"{guarded(guards, value, pad)}{where(ranges)}"])
 
@@ -278,6 +291,15 @@ def conv_dot(node: Node, ctx: LowerContext) -> Lowered:
     ``(M, K)``: a matmul contiguous along ``k`` in both operands."""
     cols, wt, acc = node.inputs[0], node.inputs[1], node.outputs[0]
     cs, ws, ys = ctx.shape(cols), ctx.shape(wt), ctx.shape(acc)
+    if node.attr("polyc_quad", 0):
+        # acc(n, m, p) = sum_q sum_r cols(n, q, p, r) * wt(q, m, r): the four products
+        # of a channel group written out, the form of one vpdpbusd lane
+        q = ws[0] - 1  # the weights (Q + 1, M, 4): a zero slice after the last step
+        quads = ctx.view(cols, (cs[0], q, ys[2], 4))
+        value = " + ".join(f"int32({quads}(n, q, p, {j})) * int32({ref(ctx, wt, ['q', 'm', str(j)])})"
+                           for j in range(4))
+        return Lowered([stmt(ctx, acc, ["n", "m", "p"], "+=!", value,
+                             extra=[f"q in 0:{q}"])])
     k = len(ys) - 2
     flat = ctx.view(cols, tuple(cs[:1 + k]) + (ws[1],))
     o = [f"o{d}" for d in range(k)]
@@ -287,7 +309,7 @@ def conv_dot(node: Node, ctx: LowerContext) -> Lowered:
 
 
 def _requantize(node: Node, ctx: LowerContext, acc: str, xs_: str, ws_: str, ys_: str,
-                zy: str, y: str, bias: str = "") -> str:
+                zy: str, y: str, bias: str = "", flat: bool = False) -> str:
     """The requantization of the sums ``acc`` (a TC name shaped as ``y``, plus ``bias``
     per output channel when given) into ``y``."""
     shape = ctx.shape(y)
@@ -304,7 +326,11 @@ def _requantize(node: Node, ctx: LowerContext, acc: str, xs_: str, ws_: str, ys_
     # the multiplier in the scales' type, operation by operation, as ONNX's reference
     mult = f"double(({scalar(xs_)} * {scalar(ws_, True)}) / {scalar(ys_)})"
     yzp = f" + double({ref(ctx, zy, ['0'] * ctx.rank(zy))})" if zy else ""
-    total = f"double({acc}({', '.join(idx)}))"
+    acc_idx = idx
+    if flat:  # the sums (n, m, p): the pixels flat
+        acc_idx = ["n", "m", " + ".join(f"{int(np.prod(shape[2 + d + 1:]))}*o{d}"
+                                        for d in range(len(shape) - 2))]
+    total = f"double({acc}({', '.join(acc_idx)}))"
     if bias:  # added in double: exact, and no int32 overflow on the way
         total = f"({total} + double({ref(ctx, bias, ['m'])}))"
     q = f"round({total} * {mult}{yzp})"

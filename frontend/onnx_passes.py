@@ -714,16 +714,30 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
                                                           "strides", "kernel_shape")}
     kernel = tuple(int(d) for d in constants[wq].shape[2:])
     geometry["kernel_shape"] = list(kernel)
-    cols = fresh(f"{xq}_patches", tensors[xq].dtype,
-                 (xs[0],) + tuple(ys[2:]) + kernel + (xs[1],))
+    quad = tensors[xq].dtype == "uint8" and tensors[wq].dtype == "int8"
+    if quad:  # vpdpbusd's operands: groups of 4 channels (padded with zero weights)
+        c4 = -(-xs[1] // 4)
+        geometry["polyc_quad"] = 1
+        cols = fresh(f"{xq}_patches", tensors[xq].dtype,
+                     (xs[0],) + kernel + (c4,) + tuple(ys[2:]) + (4,))
+        # (Q + 1, M, 4): a step's weights of consecutive output channels side by side
+        # (one pointer for a register tile's rows); the zero slice at the end keeps the
+        # rows a partial tile computes and drops inside the array
+        wt = np.pad(wt.reshape(m, -1, xs[1]), ((0, 0), (0, 0), (0, 4 * c4 - xs[1])))
+        wt = np.concatenate([wt.reshape(m, -1, 4).transpose(1, 0, 2),
+                             np.zeros((1, m, 4), wt.dtype)])
+        acc = fresh(f"{y}_sum", "int32", (ys[0], m, int(np.prod(ys[2:]))))
+    else:
+        cols = fresh(f"{xq}_patches", tensors[xq].dtype,
+                     (xs[0],) + tuple(ys[2:]) + kernel + (xs[1],))
+        acc = fresh(f"{y}_sum", "int32", ys)
     wtn = fresh(f"{wq}_rows", tensors[wq].dtype, wt.shape,
                 wt.astype(constants[wq].dtype))
-    acc = fresh(f"{y}_sum", "int32", ys)
     bn = fresh(f"{bias or y}_centred", "int32", (m,), b.astype(np.int32))
     patches = Node(node_name(f"{q.name}_patches"), "PolycIm2Col", (xq, q.inputs[2]), (cols,),
                    geometry)
     return [patches,
-            Node(q.name, "PolycConvDot", (cols, wtn), (acc,)),
+            Node(q.name, "PolycConvDot", (cols, wtn), (acc,), {"polyc_quad": 1} if quad else {}),
             Node(node_name(f"{q.name}_requantize"), "PolycRequantize",
                  (acc, sx, sw, sy, zy, bn), (y,), {"polyc_relu": q.attr("polyc_relu", 0)})]
 

@@ -292,7 +292,13 @@ def element_iterators(indices: tuple[E.Expr, ...], iterators: tuple[str, ...],
         if E.free_names(ix)[0]:
             one = shifted(ix)
             if one is None:
-                return None
+                flat = _unflatten(ix, element[d], iterators, domain)
+                if flat is None:
+                    return None
+                for it, value in flat.items():
+                    found.setdefault(it, value)
+                d += 1
+                continue
             it, c = one
             found.setdefault(it, E.Binary("-", element[d], E.Const(c)) if c else element[d])
         d += 1
@@ -303,3 +309,121 @@ def element_iterators(indices: tuple[E.Expr, ...], iterators: tuple[str, ...],
                 if not v.is_nan() and v.is_int():
                     found[it] = E.Const(v.to_python())
     return found if set(iterators) <= found.keys() else None
+
+
+def _unflatten(ix: E.Expr, e: E.Expr, iterators: tuple[str, ...],
+               domain: isl.Set | None) -> dict[str, E.Expr] | None:
+    """The iterators of a flattened index ``ix = c0*i0 + c1*i1 + ... + i_last (+ c)``
+    as expressions of its value ``e`` (``i_k = (e - c) // c_k % n_k``), when ``domain``
+    bounds each ``i_k`` after the first to ``0 .. n_k - 1`` with ``c_(k-1) = c_k * n_k``
+    (the row-major order of the pixels ``p = W*h + w``); else None."""
+    if domain is None or not E.is_affine(ix) or any(
+            isinstance(x, E.Binary) and x.op in ("//", "%") for x in E.walk(ix)):
+        return None
+    its, sizes = E.free_names(ix)
+    if sizes or len(its) < 2 or not its <= set(iterators):
+        return None
+    env = dict.fromkeys(its, 0)
+    base = E.evaluate(ix, env)
+    coef = {}
+    for it in its:
+        coef[it] = E.evaluate(ix, {**env, it: 1}) - base
+    order = sorted(its, key=lambda it: -coef[it])
+    if coef[order[-1]] != 1:
+        return None
+    dom = domain.project_out(isl.dim_type.param, 0, domain.dim(isl.dim_type.param))
+    if dom.is_empty():
+        return None
+    value = E.Binary("-", e, E.Const(base)) if base else e
+    out: dict[str, E.Expr] = {}
+    for k, it in enumerate(order):
+        if k == 0:
+            out[it] = E.Binary("//", value, E.Const(coef[it])) if coef[it] != 1 else value
+            continue
+        i = iterators.index(it)
+        lo, hi = dom.dim_min_val(i), dom.dim_max_val(i)
+        if not (lo.is_int() and hi.is_int()) or lo.to_python() != 0:
+            return None
+        n = hi.to_python() + 1
+        if coef[order[k - 1]] != coef[it] * n:
+            return None
+        part = E.Binary("//", value, E.Const(coef[it])) if coef[it] != 1 else value
+        out[it] = E.Binary("%", part, E.Const(n))
+    return out
+
+
+@dataclass(frozen=True)
+class QuadDot:
+    """A statement ``acc(..) += sum_{r<4} int32(X(.., p, r)) * int32(W(.., r))`` of
+    ``uint8`` ``X`` and ``int8`` ``W`` (:func:`quad_dot`): per element of ``acc``, the
+    four products of one 32-bit lane of ``vpdpbusd`` (AVX-512 VNNI). ``lanes`` is ``X`` at
+    ``r = 0``: consecutive ``p`` are consecutive groups of four bytes, so a vector of
+    lanes is one contiguous load; ``broadcast`` is ``W`` at ``r = 0``: four bytes the
+    lanes share."""
+    lanes: E.Read
+    broadcast: E.Read
+
+
+def _terms(e: E.Expr) -> list[E.Expr]:
+    if isinstance(e, E.Binary) and e.op == "+":
+        return _terms(e.a) + _terms(e.b)
+    return [e]
+
+
+def _widened_read(e: E.Expr) -> E.Read | None:
+    """``R`` of ``int32(R)`` (a cast to int32 of a plain read)."""
+    if isinstance(e, E.Cast) and e.dtype == "int32" and isinstance(e.x, E.Read):
+        return e.x
+    return None
+
+
+def quad_dot(stmt: Statement, kernel: Kernel, lane_iterator: str) -> QuadDot | None:
+    """The :class:`QuadDot` form of ``stmt`` with its lanes along ``lane_iterator``, or
+    None. ``X``'s last dimension has extent 4 and its last index is the constant ``r``;
+    ``lane_iterator`` appears, with coefficient 1, only in ``X``'s second-to-last index;
+    ``W`` does not depend on it and differs between the terms only by its last index,
+    the same constant ``r``."""
+    if stmt.op != "+" or kernel.array(stmt.write.array).dtype != "int32":
+        return None
+    terms = _terms(stmt.value)
+    if len(terms) != 4:
+        return None
+    by_r: dict[int, tuple[E.Read, E.Read]] = {}
+    for t in terms:
+        if not (isinstance(t, E.Binary) and t.op == "*"):
+            return None
+        pair = [_widened_read(t.a), _widened_read(t.b)]
+        if None in pair:
+            return None
+        types = [kernel.array(r.array).dtype for r in pair]
+        if sorted(types) != ["int8", "uint8"]:
+            return None
+        x, w = pair if types[0] == "uint8" else pair[::-1]
+        if not x.indices or not w.indices:
+            return None
+        rx, rw = x.indices[-1], w.indices[-1]
+        if not (isinstance(rx, E.Const) and rx == rw and isinstance(rx.value, int)):
+            return None
+        by_r[rx.value] = (x, w)
+    if sorted(by_r) != [0, 1, 2, 3]:
+        return None
+    x0, w0 = by_r[0]
+    for x, w in by_r.values():
+        if (x.array, x.indices[:-1], w.array, w.indices[:-1]) != \
+                (x0.array, x0.indices[:-1], w0.array, w0.indices[:-1]):
+            return None
+    shape = kernel.array(x0.array).shape
+    if len(x0.indices) < 2 or shape[-1] != E.Const(4) and shape[-1] != E.Const(4, "int64"):
+        return None
+    if any(lane_iterator in E.free_names(ix)[0] for ix in x0.indices[:-2] + w0.indices):
+        return None
+    p = x0.indices[-2]
+    if not E.is_affine(p) or lane_iterator not in E.free_names(p)[0]:
+        return None
+    names, sizes = E.free_names(p)
+    env = dict.fromkeys(names | sizes, 0)
+    base = E.evaluate(p, env)
+    env[lane_iterator] = 1
+    if E.evaluate(p, env) - base != 1:
+        return None
+    return QuadDot(x0, w0)

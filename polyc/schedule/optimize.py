@@ -121,7 +121,12 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
             flags = tiling.coincident_flags(node)
             sizes = [t if flags[i] else DEFAULT_TILE_REDUCTION_REGISTER
                      for i, t in enumerate(reg.round_sizes(sizes))]
-            if reg.dot is None:
+            if reg.quad:  # whole reductions: the tile's sums are complete at its
+                # copy-out, where the requantization runs (no int32 pass over memory)
+                sizes = [t if flags[i] else
+                         cache_blocks.member_extent(node, kernel, i) or t
+                         for i, t in enumerate(sizes)]
+            elif reg.dot is None:
                 sizes = _fit_panel(sizes, node, kernel, reg)
                 sizes = cache_blocks.fit_rows(sizes, node, kernel, reg, options)
             else:  # one horizontal sum per accumulator per reduction tile: few tiles,

@@ -50,7 +50,7 @@ import islpy as isl
 
 from .. import dtypes as D
 from .. import expr as E
-from ..ir import Kernel, Statement, access_relation, element_iterators
+from ..ir import Kernel, Statement, access_relation, element_iterators, quad_dot
 from ..options import Options
 from . import machine, tiling
 from .vector import member_iterators
@@ -92,15 +92,18 @@ def machine_shape(dtype: str, options: Options) -> tuple[int, int] | None:
 
 
 def mark_name(stmt: str, box: tuple[int, ...], init: str = "", epilogue: str = "",
-              bits: int | None = None) -> str:
+              bits: int | None = None, quad: bool = False) -> str:
     """``"register:S1:8,64:512"``: the statement, its accumulator box, the vector bits
     (code generation parses it: :func:`polyc.codegen.ast.parse_register_mark`); with
     ``init`` a fifth part ``":S0"``: the accumulator starts from the value of the
     reduction's initialisation ``S0`` (a constant), which leaves the schedule
     (:func:`first_visit_init`); with ``epilogue`` a sixth ``":S2"``: the copy-out runs
     the pointwise statement ``S2`` on the accumulator instead of storing it, and ``S2``
-    leaves the schedule (:func:`epilogue_of`)."""
-    name = f"{REGISTER}:{stmt}:{','.join(map(str, box))}:{vector_bits() if bits is None else bits}"
+    leaves the schedule (:func:`epilogue_of`). ``quad`` appends ``q`` to the vector
+    bits (``"512q"``): the statement is a byte dot product (:func:`polyc.ir.quad_dot`)
+    whose column loop code generation writes as ``vpdpbusd`` instructions."""
+    bits = vector_bits() if bits is None else bits
+    name = f"{REGISTER}:{stmt}:{','.join(map(str, box))}:{bits}{'q' if quad else ''}"
     if epilogue:
         return f"{name}:{init}:{epilogue}"
     return f"{name}:{init}" if init else name
@@ -122,6 +125,8 @@ class Plan:
     #: reductions as the vector loop, with ``u`` (and ``v``, when there is one) unrolled
     #: inside it; None: the column form
     dot: int | None = None
+    #: the column form of a byte dot product, its columns written with VNNI (:func:`_quad`)
+    quad: bool = False
 
     def round_sizes(self, sizes: list[int]) -> list[int]:
         """Cache tile sizes rounded up to multiples of the register tile."""
@@ -170,11 +175,59 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
     if shape is None:
         return None
     mr, nr = shape
-    if options.register_tile is True:
+    quad = _quad(s, kernel, its[vec], options)
+    if quad and options.register_tile is True:
+        mr, nr = quad_shape(extent(s, kernel, its[u]), extent(s, kernel, its[vec]))
+    elif options.register_tile is True:
         lanes = max(1, vector_bits() // 8 // (_element_bytes(kernel.array(write.array).dtype) or 4))
         mr, nr = fit_shape(mr, nr, lanes, extent(s, kernel, its[u]), extent(s, kernel, its[vec]))
     box = tuple(mr if its[u] in x else nr if its[vec] in x else 1 for x in uses)
-    return Plan(s.name, write.array, u, vec, mr, nr, box)
+    return Plan(s.name, write.array, u, vec, mr, nr, box, quad=quad)
+
+
+#: accumulator registers of a byte dot product's tile on AVX-512 VNNI: 24 of the 32
+#: (its loaded vectors and each row's broadcast weights take the rest)
+QUAD_ACCUMULATORS = 24
+#: int32 lanes of one vector
+QUAD_LANES = 16
+
+
+def quad_shape(ext_u: int | None, ext_v: int | None) -> tuple[int, int]:
+    """``(MR, NR)`` of a byte dot product's tile for extents ``ext_u x ext_v`` (None:
+    unknown): of the tiles of up to 4 vectors a row and :data:`QUAD_ACCUMULATORS`
+    vectors in all, the one whose tiles cover the fewest lane slots (a 196-pixel layer
+    gets 1 x 16 lanes per row: 13 vectors, not 4 tiles of 64), on ties the larger tile
+    (fewer loads per product). Partial tiles are masked, so they cost their whole
+    tile."""
+    best = None
+    for nv in range(1, 5):
+        nr = QUAD_LANES * nv
+        for mr in range(1, min(MAX_ROWS, QUAD_ACCUMULATORS // nv) + 1):
+            cover = (-(-ext_u // mr) * mr if ext_u else mr) * \
+                (-(-ext_v // nr) * nr if ext_v else nr)
+            key = (cover if ext_u and ext_v else 0, -mr * nv, -nv)
+            if best is None or key < best[0]:
+                best = (key, (mr, nr))
+    return best[1]
+
+
+def _quad(s: Statement, kernel: Kernel, lane: str, options: Options) -> bool:
+    """Whether the column loop of ``s`` along ``lane`` is written with ``vpdpbusd``: a
+    C target on a CPU with 512-bit AVX-512 VNNI, ``s`` a byte dot product
+    (:func:`polyc.ir.quad_dot`) writing ``lane`` as its last index, over a box domain
+    (so every row and reduction step of a tile starts its columns where the tile does)."""
+    if options.target != "c" or vector_bits() != 512 or "avx512_vnni" not in machine.cpu_flags():
+        return False
+    if s.write.indices[-1] != E.Index(lane) or quad_dot(s, kernel, lane) is None:
+        return False
+    dom = s.domain.intersect_params(kernel.context)
+    if dom.n_basic_set() != 1:
+        return False
+    n = dom.dim(isl.dim_type.set)
+    flat = [c for c in dom.get_basic_set_list().get_at(0).get_constraints()
+            if sum(not c.get_coefficient_val(isl.dim_type.set, i).is_zero()
+                   for i in range(n)) > 1]
+    return not flat
 
 
 #: dot-product register tiles (rows x columns of accumulators) per vector width in bits
@@ -428,18 +481,19 @@ def apply(node: isl.ScheduleNode, p: Plan, kernel: Kernel) -> isl.ScheduleNode |
     for i in range(len(tiled) if p.dot is not None else 1):
         inner = inner.band_member_set_ast_loop_type(i, isl.ast_loop_type.unroll)
     red = _insert_band(inner, reductions, [False] * len(reductions))
-    mark = red.insert_mark(isl.Id(mark_name(p.stmt, p.box)))
+    mark = red.insert_mark(isl.Id(mark_name(p.stmt, p.box, quad=p.quad)))
     top = _insert_band(mark, outer, [True] * len(outer))
     if check_mark(top.child(0), kernel) is not None:
         return None
     init = first_visit_init(top.child(0), kernel, top.get_schedule().get_map())
     if init:
-        renamed = top.child(0).delete().insert_mark(isl.Id(mark_name(p.stmt, p.box, init)))
+        renamed = top.child(0).delete().insert_mark(
+            isl.Id(mark_name(p.stmt, p.box, init, quad=p.quad)))
         top = renamed.parent()
         epilogue = epilogue_of(top.child(0), kernel)
         if epilogue:
             renamed = top.child(0).delete().insert_mark(
-                isl.Id(mark_name(p.stmt, p.box, init, epilogue)))
+                isl.Id(mark_name(p.stmt, p.box, init, epilogue, quad=p.quad)))
             top = renamed.parent()
     coincident = [i for i in range(n) if flags[i]]
     iso = _isolate_full_tiles(top, p, coincident.index(p.u),
@@ -494,6 +548,12 @@ def parse_mark(name: str) -> tuple[str, tuple[int, ...]] | None:
         return parts[1], tuple(int(x) for x in parts[2].split(","))
     except ValueError:
         return None
+
+
+def mark_quad(name: str) -> bool:
+    """Whether a register mark's statement is a byte dot product written with VNNI."""
+    parts = name.split(":")
+    return len(parts) >= 4 and parts[3].endswith("q")
 
 
 def mark_init(name: str) -> str:
@@ -572,9 +632,10 @@ def epilogue_of(mark: isl.ScheduleNode, kernel: Kernel) -> str:
     e = touching[0]
     if e.op != "=" or e.write.array == a.name or not e.write.is_affine:
         return ""
-    if kernel.array(e.write.array).dtype != a.dtype:
+    if kernel.array(e.write.array).dtype != a.dtype and not mark_quad(name):
         # a conversion (int32 sums requantized to uint8 in double) ran 7% slower at the
-        # copy-out than in its own vectorized pass (ResNet-50 int8)
+        # copy-out of a dot-product tile than in its own vectorized pass (ResNet-50 int8);
+        # a byte dot product's column tile saves its sums' passes over memory
         return ""
     order = [t.name for t in kernel.statements]
     written = {t.write.array for t in kernel.statements}

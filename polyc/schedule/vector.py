@@ -4,14 +4,15 @@ A member is a good SIMD loop when, for every statement under the band, it is one
 iterator ``it`` of the statement (unit coefficient) and the accesses move along
 their last (contiguous) dimension with ``it`` — the write counts double. An access
 that does not involve ``it`` is loop-invariant (a broadcast) and scores 0; an access
-whose non-last index involves ``it`` is strided and scores negative.
+whose non-last index involves ``it`` is strided and scores negative, except the lanes
+of a byte dot product (:func:`polyc.ir.quad_dot`: groups of four bytes, one per lane).
 """
 from __future__ import annotations
 
 import islpy as isl
 
 from .. import expr as E
-from ..ir import Access, Kernel
+from ..ir import Access, Kernel, quad_dot
 
 NOT_A_LOOP = -10**6
 
@@ -58,6 +59,8 @@ def stride_score(kernel: Kernel, node: isl.ScheduleNode, member: int) -> int:
         if it is None:
             return NOT_A_LOOP
         s = kernel.statement(stmt_name)
+        quad = quad_dot(s, kernel, it)  # its lanes' reads are contiguous vectors
         total += 2 * _access_score(s.write, it)
-        total += sum(_access_score(r, it) for r in s.reads if r is not s.write)
+        total += sum(1 if quad and r.array == quad.lanes.array else _access_score(r, it)
+                     for r in s.reads if r is not s.write)
     return total
