@@ -58,9 +58,10 @@ def _axis_block(node: Node, ctx: LowerContext, x: str) -> tuple[int, int]:
     return axis, int(node.attr("block_size", 0) or 0)
 
 
-def _saturated(value: str, dt: str) -> str:
+def _saturated(value: str, dt: str, within: str = "float64") -> str:
+    """``value`` (of type ``within``) clamped to ``dt``'s range and converted."""
     lo, hi = D.get(dt).limits
-    return cast_to(dt, f"max({lit(float(lo), 'float64')}, min({lit(float(hi), 'float64')}, "
+    return cast_to(dt, f"max({lit(float(lo), within)}, min({lit(float(hi), within)}, "
                        f"{value}))")
 
 
@@ -85,11 +86,16 @@ def quantize(node: Node, ctx: LowerContext) -> Lowered:
             v = saturated(v, dt)
         return Lowered([stmt(ctx, out, idx, "=", cast_to(dt, v))])
     q = f"round({ref(ctx, x, idx)} / {s})"
+    # float32 input, 8- or 16-bit result: the zero point added and the clamp done in
+    # float32 are exact where the result is in range (|q| < 2**24), and beyond it the
+    # clamp gives the same bound; double arithmetic kept gcc from vectorizing the loop
+    wide = "float32" if ctx.dtype(x) == "float32" and D.get(dt).itemsize <= 2 else "float64"
+    cast = "float" if wide == "float32" else "double"
     if present(node, 2):
-        q = f"double({q}) + double({_param(node, ctx, node.inputs[2], shape, idx, axis, block)})"
+        q = f"{cast}({q}) + {cast}({_param(node, ctx, node.inputs[2], shape, idx, axis, block)})"
     else:
-        q = f"double({q})"
-    return Lowered([stmt(ctx, out, idx, "=", _saturated(q, dt))])
+        q = f"{cast}({q})"
+    return Lowered([stmt(ctx, out, idx, "=", _saturated(q, dt, wide))])
 
 
 @register("DequantizeLinear")

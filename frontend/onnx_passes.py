@@ -63,7 +63,7 @@ ELEMENTWISE_OPS = frozenset([
     "Softplus", "Softsign", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sign", "Sin", "Cos",
     "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round",
     "Mod", "Cast", "CastLike", "IsNaN", "IsInf", "Mish", "BatchNormalization", "Swish",
-    "Shrink", "PolycRequantize"])
+    "Shrink", "PolycRequantize", "QuantizeLinear", "DequantizeLinear"])
 #: the largest fusion group
 MAX_GROUP = 6
 
@@ -490,7 +490,7 @@ def eliminate_common_subexpressions(graph: Graph, stats: Counter | None = None) 
 
 
 def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
-                   integer_dot: bool = False) -> Graph:
+                   integer_dot: bool = False, byte_quads: bool = False) -> Graph:
     """A QDQ-quantized convolution -- ``DequantizeLinear`` of an int8/uint8 input and
     weight (and of an int32 bias whose scale is the input's times the weight's), a float
     Conv, maybe a Relu, then ``QuantizeLinear`` -- becomes one ``QLinearConv`` on the
@@ -500,7 +500,8 @@ def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
     (their float form is correct, only slower). With ``integer_dot`` the QLinearConv
     runs on integer dot products where it can (:func:`_conv_dot`, as
     :func:`convs_as_dot_products` does for a model's own QLinearConv); else it computes
-    its sums in float32 where that is exact (:func:`_exact_in_float`)."""
+    its sums in float32 where that is exact (:func:`_exact_in_float`); ``byte_quads``:
+    in the layouts of 512-bit VNNI (see :func:`convs_as_dot_products`)."""
     stats = stats if stats is not None else Counter()
     made = producers(graph)
     users = consumers(graph)
@@ -516,7 +517,7 @@ def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
         new = _qdq_conv(graph, n, made, users, outputs)
         if new is not None:
             node, replaced = new
-            on_ints = _conv_dot(node, tensors, constants, names, node_names) \
+            on_ints = _conv_dot(node, tensors, constants, names, node_names, byte_quads) \
                 if integer_dot else None
             stats["conv_dot"] += on_ints is not None
             fused[n.name] = on_ints or _exact_in_float(node, graph, tensors, constants) \
@@ -620,7 +621,8 @@ def _exact_in_float(q: Node, graph: Graph, tensors: dict[str, TensorInfo],
     return nodes
 
 
-def convs_as_dot_products(graph: Graph, stats: Counter | None = None) -> Graph:
+def convs_as_dot_products(graph: Graph, stats: Counter | None = None,
+                          quads: bool = False) -> Graph:
     """Each ``QLinearConv`` (a model's own, or a fused QDQ convolution) with constant
     weights, zero weight zero points, a constant input zero point and one group becomes
     integer code built for the CPU's dot-product instructions:
@@ -634,6 +636,14 @@ def convs_as_dot_products(graph: Graph, stats: Counter | None = None) -> Graph:
     * ``PolycRequantize`` with a bias of ``bias - x_zero * sum_k wt[m, k]`` (the input
       zero point's share of the sum, taken out exactly).
 
+    With ``quads`` (512-bit VNNI; uint8 input, int8 weights) the layouts are those of
+    ``vpdpbusd`` outer products instead: patches ``cols[n, k.., c/4, o.., c%4]`` (the
+    channels in groups of four, zero-padded: one 32-bit lane a pixel), the sums
+    ``acc[n, m, p]`` over the flat pixels ``p``, and the weights ``(K/4 + 1, M, 4)``
+    (a step's rows side by side, a zero slice after the last step), so that
+    ``acc(n, m, p) +=! sum_r int32(cols(n, q, p, r)) * int32(wt(q, m, r))`` is a byte
+    dot product (:func:`polyc.ir.quad_dot`) whose register tiles vectorize the pixels.
+
     The sums are exact; the result is QLinearConv's bit for bit."""
     stats = stats if stats is not None else Counter()
     tensors, constants = dict(graph.tensors), dict(graph.constants)
@@ -642,7 +652,7 @@ def convs_as_dot_products(graph: Graph, stats: Counter | None = None) -> Graph:
     nodes: list[Node] = []
     done = 0
     for n in graph.nodes:
-        new = _conv_dot(n, tensors, constants, names, node_names) \
+        new = _conv_dot(n, tensors, constants, names, node_names, quads) \
             if n.op_type == "QLinearConv" else None
         nodes.extend(new or [n])
         done += new is not None
@@ -687,7 +697,7 @@ def _dot_weights(q: Node, tensors: Mapping[str, TensorInfo],
 
 
 def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.ndarray],
-              names: set[str], node_names: set[str]) -> list[Node] | None:
+              names: set[str], node_names: set[str], quads: bool) -> list[Node] | None:
     found = _dot_weights(q, tensors, constants)
     if found is None:
         return None
@@ -714,7 +724,7 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
                                                           "strides", "kernel_shape")}
     kernel = tuple(int(d) for d in constants[wq].shape[2:])
     geometry["kernel_shape"] = list(kernel)
-    quad = tensors[xq].dtype == "uint8" and tensors[wq].dtype == "int8"
+    quad = quads and tensors[xq].dtype == "uint8" and tensors[wq].dtype == "int8"
     if quad:  # vpdpbusd's operands: groups of 4 channels (padded with zero weights)
         c4 = -(-xs[1] // 4)
         geometry["polyc_quad"] = 1
@@ -888,21 +898,22 @@ def _prune_tensors(graph: Graph) -> Graph:
 
 
 def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
-                   integer_dot: bool = False) -> Graph:
+                   integer_dot: bool = False, byte_quads: bool = False) -> Graph:
     """Every pass, in a fixed order (see the module doc). The counts of what was done go
     into ``stats`` when given, and are returned by :func:`pass_stats` afterwards.
     ``integer_dot``: the target CPU has integer dot-product instructions (VNNI), so
     quantized convolutions run on the integers (:func:`convs_as_dot_products`) rather
-    than as exact float convolutions."""
+    than as exact float convolutions; ``byte_quads``: with 512-bit VNNI, in the layout of
+    its outer-product micro-kernels (:func:`convs_as_dot_products`)."""
     c: Counter = Counter()
     before = len(graph.nodes)
     # before folding turns DequantizeLinear(W) into floats
-    graph = fuse_qdq_convs(graph, c, integer_dot=integer_dot)
+    graph = fuse_qdq_convs(graph, c, integer_dot=integer_dot, byte_quads=byte_quads)
     graph = fold_empty_tensors(graph, c)
     graph = fold_constants(graph, c)
     graph = remove_noops(graph, c)
     if integer_dot:  # after folding: weights behind an Identity are constants now
-        graph = convs_as_dot_products(graph, c)
+        graph = convs_as_dot_products(graph, c, quads=byte_quads)
     graph = fold_batchnorm(graph, c)
     graph = eliminate_common_subexpressions(graph, c)
     graph = contractions_in_float(graph, c)  # after batchnorm folding, before the weights'
@@ -958,6 +969,8 @@ def fusion_groups(graph: Graph, max_size: int = MAX_GROUP) -> list[list[Node]]:
                     continue
                 if any(o for o in groups[g][-1].outputs[1:]):
                     continue
+                if n.op_type == "DequantizeLinear" and groups[g][0].op_type in ANCHOR_OPS:
+                    continue  # a contraction's quantized result: read by the next group
                 target = g
                 break
         if target is None:

@@ -298,7 +298,8 @@ def lower_onnx(model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
     options = options or Options()
     integer_dot = options.target == "c" and options.vectorize and \
         options.register_tile is not False and machine.has_integer_dot()
-    graph = optimize_graph(graph, integer_dot=integer_dot)
+    graph = optimize_graph(graph, integer_dot=integer_dot,
+                           byte_quads=integer_dot and machine.has_vnni512())
     if progress:
         progress(f"optimized the graph: {len(graph.nodes)} nodes")
 

@@ -160,7 +160,9 @@ def test_epilogue_is_one_statement():
     (step,) = [s for s in program.steps if any(a.name == "v_yt" for a in s.kernel.arrays)]
     last = step.kernel.statements[-1]
     assert "relu" in str(last.value) and last.write.array == step.kernel.outputs[0]
-    assert len(step.kernel.statements) == 4  # copy-in, init, update, epilogue
+    # the padded copy-in (its inside and its pad: polyc.guards), init, update, epilogue
+    assert len(step.kernel.statements) == 5
+    assert step.kernel.statements[1].name == step.kernel.statements[0].name + "_pad"
 
 
 CHAIN = """

@@ -1,5 +1,6 @@
 """polyc.guards: affine guards of reductions (iterator against iterator) become domain
-constraints; everything else stays as written."""
+constraints; a padded copy splits into its inside and its pad; everything else stays
+as written."""
 from __future__ import annotations
 
 import islpy as isl
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 import polyc
+from polyc import expr as E
 from polyc.frontend import from_tc
 
 
@@ -32,8 +34,8 @@ def test_triangle_moves_into_the_domain():
     # a bound against a constant (padding) stays a guard
     "def f(float(9) X) -> (Y) { Y(i) +=! (i + j - 1 >= 0) ? X(j) : 0.0 where i in 0:9, "
     "j in 0:9 }",
-    # not a reduction
-    "def f(float(9) X) -> (Y) { Y(i) = (i < 4) ? X(i) : 0.0 }"])
+    # not a reduction, and its other branch reads: not a padded copy
+    "def f(float(9) X) -> (Y) { Y(i) = (i < 4) ? X(i) : X(0) }"])
 def test_other_guards_stay(src):
     k = from_tc(src)
     last = k.statements[-1]
@@ -51,3 +53,32 @@ def test_max_reduction_with_its_identity():
     f = polyc.define("def f(float(7) X) -> (Y) {\n Y(i) max=! (j <= i) ? X(j) : (-1.0/0.0) "
                      "where i in 0:7, j in 0:7\n}")
     np.testing.assert_array_equal(f(x), np.maximum.accumulate(x))
+
+
+def test_padded_copy_splits_into_inside_and_pad():
+    """An assignment whose guard is affine bounds and whose other branch reads nothing
+    (a padded window's copy) becomes the copy of the inside, unguarded, and the pad: the
+    same elements get the same values."""
+    src = ("def f(float(7, 5) X) -> (Y) { Y(i, j) = (i - 1 >= 0 && i - 1 < 7 && j + 2 < 5) "
+           "? X(i - 1, j + 2) : -3.0 where i in 0:9, j in 0:6 }")
+    k = from_tc(src)
+    assert [s.name for s in k.statements] == ["S0", "S0_pad"]
+    inside, pad = k.statements
+    assert isinstance(inside.value, E.Read) and isinstance(pad.value, E.Const)
+    assert inside.domain.reset_tuple_id().is_equal(
+        isl.Set("{ [i, j] : 1 <= i <= 7 and 0 <= j <= 2 }"))
+    assert pad.domain.reset_tuple_id().is_equal(
+        isl.Set("{ [i, j] : 0 <= i <= 8 and 0 <= j <= 5 }").subtract(
+            isl.Set("{ [i, j] : 1 <= i <= 7 and 0 <= j <= 2 }")))
+    x = np.random.default_rng(1).standard_normal((7, 5)).astype(np.float32)
+    want = np.full((9, 6), -3.0, np.float32)
+    want[1:8, 0:3] = x[:, 2:5]
+    for opt in (polyc.Options(), polyc.Options(scheduler="pluto"), polyc.Options(tile=False)):
+        np.testing.assert_array_equal(polyc.define(src, options=opt)(x), want)
+
+
+def test_guard_always_true_or_false_leaves_one_statement():
+    k = from_tc("def f(float(9) X) -> (Y) { Y(i) = (i < 20) ? X(i) : 0.0 }")
+    assert len(k.statements) == 1 and isinstance(k.statements[0].value, E.Read)
+    k = from_tc("def f(float(9) X) -> (Y) { Y(i) = (i > 20) ? X(i) : 0.0 }")
+    assert len(k.statements) == 1 and isinstance(k.statements[0].value, E.Const)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import subprocess
 
+import islpy as isl
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import polyc
+from polyc import expr as E
 from polyc.schedule import machine
 
 NT = ("def nt({a}(M,K) A, {b}(N,K) B) -> (C) "
@@ -360,3 +362,117 @@ def test_dot_shapes_on_every_vector_width(monkeypatch):
         for ext in [(64, 56), (64, 14), (256, 7), (29, 29), (1000, 1)]:
             mr, nr = rt.dot_shape(*ext)
             assert mr * nr + min(mr, nr) + 1 <= regs and mr <= ext[0] and nr <= ext[1]
+
+
+# -- byte dot products on 512-bit VNNI (the quad form) --------------------------------
+
+QUAD = ("def quad(uint8(Q,P,4) X, int8({w}) W) -> (C) {{ C(m,p) +=! "
+        + " + ".join(f"int32(X(q,p,{r})) * int32(W({{at}}{r}))" for r in range(4))
+        + " }}")
+#: the weights (Q, M, 4): a step's rows side by side (the convolutions' layout), and
+#: (M, Q, 4): rows apart (a partial tile's extra rows must not read past the end)
+QUAD_LAYOUTS = {"steps-rows": ("Q,M,4", "q,m,"), "rows-steps": ("M,Q,4", "m,q,")}
+VNNI512 = pytest.mark.skipif(not machine.has_vnni512(), reason="needs AVX-512 VNNI")
+
+
+def _quad(layout: str, options=None, sizes=None):
+    """The byte dot product; ``sizes`` ``(Q, P, M)`` fixes them in its source (the
+    micro-kernel takes its strides as constants)."""
+    w, at = QUAD_LAYOUTS[layout]
+    src = QUAD.format(w=w, at=at)
+    if sizes is not None:
+        for name, v in zip("QPM", sizes):
+            src = src.replace(f"{name},", f"{v},").replace(f",{name})", f",{v})")
+    return polyc.define(src, options=options)
+
+
+def _quad_operands(q, p, m, layout, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (q, p, 4)).astype(np.uint8)
+    w = rng.integers(-128, 128, (q, m, 4)).astype(np.int8)
+    want = np.einsum("qpr,qmr->mp", x.astype(np.int64), w.astype(np.int64)).astype(np.int32)
+    return x, (w if layout == "steps-rows" else np.ascontiguousarray(w.transpose(1, 0, 2))), want
+
+
+@pytest.mark.parametrize("shape", [(37, 23, 13), (16, 64, 6), (3, 100, 40), (1, 1, 1),
+                                   (9, 49, 70)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", list(QUAD_LAYOUTS))
+@pytest.mark.parametrize("opt", list(OPTIONS), ids=str)
+def test_byte_dot_product_is_exact(shape, layout, opt):
+    """``C(m,p) +=! sum_r int32(X(q,p,r)) * int32(W(..,r))``: exact on every option, at
+    sizes that leave partial tiles of rows and of lanes (masked), with the weights' rows
+    side by side or apart."""
+    q, p, m = shape
+    x, w, want = _quad_operands(q, p, m, layout)
+    np.testing.assert_array_equal(_quad(layout, OPTIONS[opt])(x, w), want)
+
+
+@VNNI512
+@pytest.mark.parametrize("layout", list(QUAD_LAYOUTS))
+def test_byte_dot_product_calls_the_vnni_micro_kernel(layout, tmp_path):
+    """On a CPU with AVX-512 VNNI, the register tile of a byte dot product calls a
+    ``vpdpbusd`` micro-kernel (full and partial rows); compiled for a target without
+    VNNI, the plain loops behind the ``#else`` give the same sums."""
+    op = _quad(layout, sizes=(45, 70, 30))
+    x, w, want = _quad_operands(45, 70, 30, layout, seed=2)
+    np.testing.assert_array_equal(op(x, w), want)
+    text = op.c_source
+    assert "polyc_vnni_" in text and "_part(" in text and "#else" in text
+    assert "vpdpbusd" in _assembly(text, tmp_path)
+    cflags = polyc.Options().cflags + ("-mno-avx512vnni",)
+    plain = _quad(layout, polyc.Options(cflags=cflags), sizes=(45, 70, 30))
+    np.testing.assert_array_equal(plain(x, w), want)
+
+
+def test_byte_dot_product_form():
+    """``polyc.ir.quad_dot`` takes exactly the four products of a lane, uint8 times
+    int8 (either order), the lanes walking the index before the group of four."""
+    from polyc.ir import quad_dot
+    k = _quad("steps-rows").kernel
+    s = k.statements[-1]
+    found = quad_dot(s, k, "p")
+    assert found is not None and found.lanes.array == "X" and found.broadcast.array == "W"
+    assert quad_dot(s, k, "m") is None  # the weights do not move with the lanes
+    for src in [
+            # three products
+            "def f(uint8(Q,P,4) X, int8(Q,M,4) W) -> (C) { C(m,p) +=! "
+            + " + ".join(f"int32(X(q,p,{r})) * int32(W(q,m,{r}))" for r in range(3)) + " }",
+            # a group of eight bytes
+            "def f(uint8(Q,P,8) X, int8(Q,M,8) W) -> (C) { C(m,p) +=! "
+            + " + ".join(f"int32(X(q,p,{r})) * int32(W(q,m,{r}))" for r in range(4)) + " }",
+            # signed times signed
+            "def f(int8(Q,P,4) X, int8(Q,M,4) W) -> (C) { C(m,p) +=! "
+            + " + ".join(f"int32(X(q,p,{r})) * int32(W(q,m,{r}))" for r in range(4)) + " }",
+            # the bytes of a product do not match
+            "def f(uint8(Q,P,4) X, int8(Q,M,4) W) -> (C) { C(m,p) +=! "
+            + " + ".join(f"int32(X(q,p,{r})) * int32(W(q,m,{3 - r}))" for r in range(4)) + " }"]:
+        k = polyc.define(src).kernel
+        assert quad_dot(k.statements[-1], k, "p") is None, src
+
+
+def test_quad_tile_shapes():
+    """The tile covers the fewest lane slots (masked partial tiles cost whole ones),
+    within 24 accumulator registers and 4 vectors a row."""
+    from polyc.schedule.register_tile import quad_shape
+    assert quad_shape(256, 196) == (16, 16)    # 13 vectors a row, not 4 tiles of 64
+    assert quad_shape(64, 3136) == (4, 64)
+    assert quad_shape(512, 49) == (4, 64)
+    for m, p in [(64, 12544), (7, 5), (1000, 17), (None, None)]:
+        mr, nr = quad_shape(m, p)
+        assert nr % 16 == 0 and nr <= 64 and mr * nr // 16 <= 24
+
+
+def test_flattened_element_iterators():
+    """The copy-out of a tile over flat pixels ``p = 14*h + w`` gives ``h, w`` back; a
+    ``w`` beyond a row does not."""
+    from polyc.ir import element_iterators
+    e = (E.Index("e0"),)
+    its = element_iterators((E.Binary("+", E.Binary("*", E.Const(14), E.Index("h")),
+                                      E.Index("w")),), ("h", "w"), e,
+                            isl.Set("{ S[h, w] : 0 <= h < 14 and 0 <= w < 14 }"))
+    assert its is not None
+    for v in (0, 13, 14, 195):
+        assert (E.evaluate(its["h"], {"e0": v}), E.evaluate(its["w"], {"e0": v})) == divmod(v, 14)
+    assert element_iterators((E.Binary("+", E.Binary("*", E.Const(14), E.Index("h")),
+                                       E.Index("w")),), ("h", "w"), e,
+                             isl.Set("{ S[h, w] : 0 <= h < 14 and 0 <= w < 15 }")) is None

@@ -50,6 +50,13 @@ def has_integer_dot() -> bool:
     return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
+def has_vnni512() -> bool:
+    """Whether the CPU has AVX-512 VNNI (``vpdpbusd`` on 512-bit vectors): the register
+    tiles of byte dot products call a micro-kernel of those instructions."""
+    flags = cpu_flags()
+    return "avx512_vnni" in flags and "avx512f" in flags
+
+
 def _process_cpus() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))

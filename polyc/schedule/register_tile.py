@@ -216,7 +216,7 @@ def _quad(s: Statement, kernel: Kernel, lane: str, options: Options) -> bool:
     C target on a CPU with 512-bit AVX-512 VNNI, ``s`` a byte dot product
     (:func:`polyc.ir.quad_dot`) writing ``lane`` as its last index, over a box domain
     (so every row and reduction step of a tile starts its columns where the tile does)."""
-    if options.target != "c" or vector_bits() != 512 or "avx512_vnni" not in machine.cpu_flags():
+    if options.target != "c" or vector_bits() != 512 or not machine.has_vnni512():
         return False
     if s.write.indices[-1] != E.Index(lane) or quad_dot(s, kernel, lane) is None:
         return False
