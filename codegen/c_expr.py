@@ -624,6 +624,13 @@ def _prelude() -> str:
              f"{{ const {ct} m = a > b ? a : b; return b != b ? a : m; }}"),
             (f"static inline {ct} polyc_fmin{f}({ct} a, {ct} b) "
              f"{{ const {ct} m = a < b ? a : b; return b != b ? a : m; }}"),
+            # max(lo, min(hi, x)) and min(hi, max(lo, x)) of constants lo <= hi, for a
+            # value then converted to an integer (a zero's sign is lost anyway): NaN
+            # gives hi, resp. lo, as the fmax/fmin above; one vminpd and one vmaxpd
+            (f"static inline {ct} polyc_clamp_hi{f}({ct} x, {ct} lo, {ct} hi) "
+             f"{{ const {ct} t = x < hi ? x : hi; return t > lo ? t : lo; }}"),
+            (f"static inline {ct} polyc_clamp_lo{f}({ct} x, {ct} lo, {ct} hi) "
+             f"{{ const {ct} t = x > lo ? x : lo; return t < hi ? t : hi; }}"),
             # floor modulo: the result has the divisor's sign, a zero result too (as
             # Python's and numpy's: -0.5 % 0.5 is +0.0, which copysign can see)
             (f"static inline {ct} polyc_mod{f}({ct} a, {ct} b) "

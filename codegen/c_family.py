@@ -33,6 +33,13 @@ statement's write footprint in a local array::
 
 A function with such a block asks gcc for 512-bit vectors where the CPU has them
 (``-march=native`` alone prefers 256 bits on some AVX-512 CPUs).
+
+The tile of a byte dot product (a mark whose bits end in ``q``: ``polyc.ir.quad_dot``)
+runs its reduction loop as one call of a ``vpdpbusd`` micro-kernel
+(:func:`.c_expr.vnni_kernel`, a function of its own), behind ``#if __AVX512VNNI__`` with
+the loops above as the ``#else``; its accumulator rows are whole vectors. An epilogue
+clamping into a narrow integer type (a requantization) computes the clamped values as
+int32 in one loop and narrows them in a second (gcc vectorizes both).
 """
 from __future__ import annotations
 
@@ -433,8 +440,9 @@ class _Walker:
         the accumulator ``local``.
 
         A value clamped into a narrow integer type, ``uint8(max(0.0, min(255.0, x)))``
-        (a requantization), comes as two parts: the C of the clamped value, which the
-        caller stores as int32 in a first loop, and the statement storing
+        (a requantization), comes as two parts: the C of the clamped value (one
+        ``polyc_clamp_hi``: the same value once converted), which the caller stores as
+        int32 in a first loop, and the statement storing
         ``polyc_narrowed_value`` (that int32, narrowed) in a second. gcc 12 vectorizes
         neither a float-to-byte conversion nor much around it in one loop of 16 lanes
         (1.3 ns an element; 0.57 in two loops). The int32 holds the clamped value
@@ -459,7 +467,17 @@ class _Walker:
         value_e = E.map_expr(stmt.value, sub)
         clamped = _clamped_narrowing(value_e, dtype) if stmt.op == "=" else None
         if clamped is not None:
-            wide = printer.expr(clamped, printer.dtype(clamped)).text
+            t = printer.dtype(clamped)
+            inner = clamped.args[1]
+            lo, hi = (clamped.args[0], inner.args[0]) if clamped.fn == "max" else \
+                (inner.args[0], clamped.args[0])
+            fn = ("polyc_clamp_hi" if clamped.fn == "max" else "polyc_clamp_lo") + \
+                {"float32": "f", "float64": ""}.get(t, "?")
+            if fn.endswith("?"):
+                wide = printer.expr(clamped, t).text
+            else:
+                wide = (f"{fn}({printer.expr(inner.args[1], t).text}, "
+                        f"{printer.expr(lo, t).text}, {printer.expr(hi, t).text})")
             value = Piece(f"({CTYPES[dtype]})polyc_narrowed_value", PRIMARY)
             return cgen.Statement(update(stmt.op, target, value, dtype)), wide
         value = printer.expr(value_e, dtype, exact=stmt.is_reduction)

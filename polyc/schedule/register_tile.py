@@ -36,6 +36,13 @@ innermost, with the accumulators unrolled inside it; the C compiler vectorizes a
 integer one as a sum (``vpdpbusd`` for int8 on a CPU with VNNI), and a float one (rows
 only) runs its chains side by side.
 
+A byte dot product (:func:`polyc.ir.quad_dot`: ``C(m,p) +=! sum_r int32(X(q,p,r)) *
+int32(W(q,m,r))`` of uint8 and int8, the four bytes of a 32-bit lane) on a CPU with
+AVX-512 VNNI takes the column form with its mark's bits ending in ``q``
+(:func:`_quad`); code generation then runs the tile's reduction loop as one call of a
+``vpdpbusd`` micro-kernel, its shape from :func:`quad_shape`, its reductions untiled so
+that the copy-out can run the requantization (:func:`epilogue_of`).
+
 Register tile sizes come from the machine (:func:`machine_shape`): AVX-512 ``8 x 64``
 float32 / int32 and ``8 x 32`` float64 / int64 (the vector loop then spans four 512-bit
 registers per row: 32 accumulators), AVX2 ``6 x 16`` / ``6 x 8``. ``Options.register_tile``
