@@ -53,7 +53,7 @@ import islpy as isl
 from polyc import dtypes as D
 from polyc import expr as E
 from polyc.errors import InternalError
-from polyc.ir import Kernel, Statement, element_iterators, quad_dot
+from polyc.ir import QUAD_LANES, Kernel, Statement, element_iterators, quad_dot
 from polyc.options import Options
 
 from .ast import (
@@ -276,9 +276,12 @@ class _Walker:
         # a byte dot product's rows are whole vectors (the VNNI variant moves them as such)
         dims = [-(-p.box[d] // QUAD_LANES) * QUAD_LANES if p.quad and d == kept[-1]
                 else p.box[d] for d in kept]
+        # (zeroed: the micro-kernel loads and stores its lanes past the box and the rows
+        # a partial tile does not have; nothing reads them, but nothing is uninitialised)
         code: list[cgen.Generable] = [cgen.Statement(
             f"{compute_ctype(dtype)} {acc}{''.join(f'[{n}]' for n in dims)} "
-            f"{self.dialect.accumulator_attribute}".rstrip())]
+            f"{self.dialect.accumulator_attribute}".rstrip()
+            + (" = {0}" if p.quad else ""))]
         code += [cgen.Statement(f"const {it} polyc_lo{d} = {self._isl(e).text}")
                  for d, e in enumerate(p.lo)]
         spans = {d: self._isl(p.span[d]).at(ADD) for d in kept}
@@ -386,8 +389,10 @@ class _Walker:
         steps_x = _byte_stride(self.kernel, quad.lanes, q)
         steps_w = _byte_stride(self.kernel, quad.broadcast, q)
         rows_w = _byte_stride(self.kernel, quad.broadcast, row.name) if row is not None else 0
-        if not steps_x or not steps_w or rows_w is None or \
-                _byte_stride(self.kernel, quad.lanes, row.name if row else q) is None:
+        # the micro-kernel walks both operands forwards, the lanes not with the rows
+        if not steps_x or not steps_w or steps_x < 0 or steps_w < 0 or rows_w is None \
+                or rows_w < 0 or (row is not None and
+                                  _byte_stride(self.kernel, quad.lanes, row.name) != 0):
             return None
         init = self._isl(body.for_get_init()).text
         bound = self._isl(cond.get_op_arg(1)).text
@@ -395,6 +400,8 @@ class _Walker:
                  else f"({bound}) - ({init})")
         call = users[0]
         args = {it: call.get_op_arg(i + 1) for i, it in enumerate(stmt.iterators)}
+        if not _moves_by_one(args[q], iterator):
+            return None  # the reduction is not this loop's iterator (plus a constant)
         saved = self.isl_names.get(iterator)
         try:
             self.isl_names[iterator] = "polyc_no_loop_variable"
@@ -541,8 +548,7 @@ class _Walker:
         return cgen.Block(decls + [code]) if decls else code
 
 
-#: int32 lanes of a 512-bit vector, and the compiler target the VNNI variant needs
-QUAD_LANES = 16
+#: the compiler target the VNNI variant needs
 QUAD_TARGET = "defined(__AVX512VNNI__) && defined(__AVX512F__)"
 
 
@@ -584,6 +590,18 @@ def _user_calls(n: isl.AstNode) -> list[isl.AstExpr]:
     if t == isl.ast_node_type.mark:
         return _user_calls(n.mark_get_node())
     return []
+
+
+def _moves_by_one(e: isl.AstExpr, iterator: str) -> bool:
+    """``e`` is the loop iterator ``iterator``, or it plus or minus an integer."""
+    if e.get_type() == isl.ast_expr_type.id:
+        return e.get_id().get_name() == iterator
+    if e.get_type() != isl.ast_expr_type.op or \
+            e.get_op_type() not in (isl.ast_expr_op_type.add, isl.ast_expr_op_type.sub):
+        return False
+    a, b = e.get_op_arg(0), e.get_op_arg(1)
+    return (a.get_type() == isl.ast_expr_type.id and a.get_id().get_name() == iterator
+            and b.get_type() == isl.ast_expr_type.int)
 
 
 def _byte_stride(kernel: Kernel, read: E.Read, it: str) -> int | None:

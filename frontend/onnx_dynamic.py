@@ -92,8 +92,9 @@ def count_of(node: Node) -> str | None:
 
 def _elementwise() -> frozenset[str]:
     from .onnx_passes import ELEMENTWISE_OPS
-    # their parameters align on axis 1
-    return ELEMENTWISE_OPS - {"BatchNormalization", "PolycRequantize"}
+    # their parameters align on axis 1 (the quantizers: on their own axis)
+    return ELEMENTWISE_OPS - {"BatchNormalization", "PolycRequantize", "QuantizeLinear",
+                              "DequantizeLinear"}
 
 
 def propagate(node: Node, dyn: Mapping[str, Extent],

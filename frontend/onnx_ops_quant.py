@@ -300,7 +300,7 @@ def conv_dot(node: Node, ctx: LowerContext) -> Lowered:
     if node.attr("polyc_quad", 0):
         # acc(n, m, p) = sum_q sum_r cols(n, q, p, r) * wt(q, m, r): the four products
         # of a channel group written out, the form of one vpdpbusd lane
-        q = ws[0] - 1  # the weights (Q + 1, M, 4): a zero slice after the last step
+        q = ws[0]  # the weights (Q, M, 4)
         quads = ctx.view(cols, (cs[0], q, ys[2], 4))
         value = " + ".join(f"int32({quads}(n, q, p, {j})) * int32({ref(ctx, wt, ['q', 'm', str(j)])})"
                            for j in range(4))
@@ -316,8 +316,9 @@ def conv_dot(node: Node, ctx: LowerContext) -> Lowered:
 
 def _requantize(node: Node, ctx: LowerContext, acc: str, xs_: str, ws_: str, ys_: str,
                 zy: str, y: str, bias: str = "", flat: bool = False) -> str:
-    """The requantization of the sums ``acc`` (a TC name shaped as ``y``, plus ``bias``
-    per output channel when given) into ``y``."""
+    """The requantization of the sums ``acc`` (a TC name shaped as ``y``, or with
+    ``flat`` as ``(N, M, P)`` over its flat pixels; plus ``bias`` per output channel
+    when given) into ``y``."""
     shape = ctx.shape(y)
     idx = ["n", "m"] + [f"o{d}" for d in range(len(shape) - 2)]
 

@@ -639,8 +639,8 @@ def convs_as_dot_products(graph: Graph, stats: Counter | None = None,
     With ``quads`` (512-bit VNNI; uint8 input, int8 weights) the layouts are those of
     ``vpdpbusd`` outer products instead: patches ``cols[n, k.., c/4, o.., c%4]`` (the
     channels in groups of four, zero-padded: one 32-bit lane a pixel), the sums
-    ``acc[n, m, p]`` over the flat pixels ``p``, and the weights ``(K/4 + 1, M, 4)``
-    (a step's rows side by side, a zero slice after the last step), so that
+    ``acc[n, m, p]`` over the flat pixels ``p``, and the weights ``(K/4, M, 4)`` (a
+    step's rows side by side), so that
     ``acc(n, m, p) +=! sum_r int32(cols(n, q, p, r)) * int32(wt(q, m, r))`` is a byte
     dot product (:func:`polyc.ir.quad_dot`) whose register tiles vectorize the pixels.
 
@@ -730,12 +730,10 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
         geometry["polyc_quad"] = 1
         cols = fresh(f"{xq}_patches", tensors[xq].dtype,
                      (xs[0],) + kernel + (c4,) + tuple(ys[2:]) + (4,))
-        # (Q + 1, M, 4): a step's weights of consecutive output channels side by side
-        # (one pointer for a register tile's rows); the zero slice at the end keeps the
-        # rows a partial tile computes and drops inside the array
+        # (Q, M, 4): a step's weights of consecutive output channels side by side (one
+        # pointer for a register tile's rows)
         wt = np.pad(wt.reshape(m, -1, xs[1]), ((0, 0), (0, 0), (0, 4 * c4 - xs[1])))
-        wt = np.concatenate([wt.reshape(m, -1, 4).transpose(1, 0, 2),
-                             np.zeros((1, m, 4), wt.dtype)])
+        wt = np.ascontiguousarray(wt.reshape(m, -1, 4).transpose(1, 0, 2))
         acc = fresh(f"{y}_sum", "int32", (ys[0], m, int(np.prod(ys[2:]))))
     else:
         cols = fresh(f"{xq}_patches", tensors[xq].dtype,
@@ -948,7 +946,10 @@ def fusion_groups(graph: Graph, max_size: int = MAX_GROUP) -> list[list[Node]]:
     that tensor has exactly one reader (this node) and is not a graph output, the node's
     other inputs are computed no later than that group, and the group has fewer than
     ``max_size`` nodes. View ops (Reshape, Flatten, Squeeze, Unsqueeze, Identity,
-    Dropout) and every other op are groups of their own.
+    Dropout) and every other op are groups of their own. QuantizeLinear and
+    DequantizeLinear are elementwise, but a DequantizeLinear does not join a group
+    started by a contraction (its quantized result is what the next group reads: the
+    residual sum of a QDQ model runs on the two quantized tensors in one kernel).
     """
     users = consumers(graph)
     group_of: dict[str, int] = {}  # tensor -> index of the group producing it

@@ -11,9 +11,14 @@ each box in NonMaxSuppression). This pass moves the affine parts of such a guard
 iterators with iterators (joined to the rest by ``&&``) into the statement's domain, which becomes the triangle ``j < i``, and keeps the rest as the
 guard: ``Y(i) +=! X(j) > 0 ? X(j) : 0`` over ``{ [i, j] : 0 <= j < i < N }``.
 
-Bounds against constants and sizes (a padded window's ``h + kh - 1 >= 0``) stay
-guards: cutting them into the domain would make the loops of pools and convolutions
-non-rectangular, which their tiling and vectorization are not tuned for.
+Bounds against constants and sizes (a padded window's ``h + kh - 1 >= 0``) stay the
+guards of reductions: cutting them into the domain would make the loops of pools and
+convolutions non-rectangular, which their tiling and vectorization are not tuned for.
+
+A padded copy, ``Y(..) = cond ? v : c`` with ``cond`` affine bounds and ``c`` reading
+nothing (and ``v`` not reading ``Y``), becomes two statements instead: ``Y = v`` over the
+instances where ``cond`` holds, unguarded, and ``Y = c`` over the others
+(:func:`_split_copy`).
 
 It is exact when the other branch is the reduction's identity (0 for ``+``, 1 for
 ``*``, the lowest value for ``max``, the highest for ``min``): the instances dropped
@@ -56,20 +61,15 @@ def _split_copy(s: Statement, names: set[str]) -> list[Statement]:
     inside runs without a test per element (the patches of an int8 convolution 9x
     faster: gcc vectorizes the unguarded loop)."""
     if s.op != "=" or s.kind != "compute" or not isinstance(s.value, E.Select) or \
-            any(isinstance(x, E.Read) for x in E.walk(s.value.b)):
-        return [s]
+            any(isinstance(x, E.Read) for x in E.walk(s.value.b)) or \
+            any(r.array == s.write.array for r in E.reads(s.value)):
+        return [s]  # (a recurrence could read a pad element before the pad is written)
     terms = _conjuncts(s.value.cond)
     if not all(isinstance(t, E.Binary) and t.op in _AFFINE_COMPARISONS
                and E.is_affine(t.a) and E.is_affine(t.b)
                and not any(isinstance(x, E.Read) for x in E.walk(t)) for t in terms):
         return [s]
-    space = s.domain.get_space()
-    sizes = [space.get_dim_name(isl.dim_type.param, i)
-             for i in range(space.dim(isl.dim_type.param))]
-    cond = " and ".join(f"{E.to_isl(t.a)} {'=' if t.op == '==' else t.op} {E.to_isl(t.b)}"
-                        for t in terms)
-    guard = isl.Set(f"{params_prefix(sizes)}{{ {s.name}[{', '.join(s.iterators)}] : "
-                    f"{cond} }}").align_params(space)
+    guard = _guard_set(s, terms)
     inside, outside = s.domain.intersect(guard), s.domain.subtract(guard)
     if inside.is_empty():
         return [replace(s, value=s.value.b)]
@@ -84,6 +84,17 @@ def _split_copy(s: Statement, names: set[str]) -> list[Statement]:
                     value=s.value.b)]
 
 
+def _guard_set(s: Statement, terms: list[E.Expr]) -> isl.Set:
+    """The instances of ``s`` where the affine comparisons ``terms`` all hold."""
+    space = s.domain.get_space()
+    sizes = [space.get_dim_name(isl.dim_type.param, i)
+             for i in range(space.dim(isl.dim_type.param))]
+    cond = " and ".join(f"{E.to_isl(t.a)} {'=' if t.op == '==' else t.op} {E.to_isl(t.b)}"
+                        for t in terms)
+    return isl.Set(f"{params_prefix(sizes)}{{ {s.name}[{', '.join(s.iterators)}] : "
+                   f"{cond} }}").align_params(space)
+
+
 def _conjuncts(e: E.Expr) -> list[E.Expr]:
     if isinstance(e, E.Binary) and e.op == "&&":
         return _conjuncts(e.a) + _conjuncts(e.b)
@@ -93,7 +104,7 @@ def _conjuncts(e: E.Expr) -> list[E.Expr]:
 def _is_affine_comparison(e: E.Expr) -> bool:
     """An affine comparison between iterators on both sides (``j < i``: a triangle).
     A bound against a constant or a size (``h + kh - 1 >= 0``: a padded window) stays a
-    guard, so that the loops stay rectangular for tiling and vectorization."""
+    reduction's guard, so that its loops stay rectangular for tiling and vectorization."""
     def has_index(x: E.Expr) -> bool:
         return any(isinstance(y, E.Index) for y in E.walk(x))
     return (isinstance(e, E.Binary) and e.op in _AFFINE_COMPARISONS
@@ -143,14 +154,7 @@ def _restricted(s: Statement, kernel: Kernel) -> Statement:
     if not affine:
         return s
     rest = [t for t in terms if not _is_affine_comparison(t)]
-    space = s.domain.get_space()
-    sizes = [space.get_dim_name(isl.dim_type.param, i)
-             for i in range(space.dim(isl.dim_type.param))]
-    cond = " and ".join(f"{E.to_isl(t.a)} {'=' if t.op == '==' else t.op} {E.to_isl(t.b)}"
-                        for t in affine)
-    guard = isl.Set(f"{params_prefix(sizes)}{{ {s.name}[{', '.join(s.iterators)}] : "
-                    f"{cond} }}")
-    domain = s.domain.intersect(guard.align_params(s.domain.get_space()))
+    domain = s.domain.intersect(_guard_set(s, affine))
     if not rest:
         value = s.value.a
     else:

@@ -352,6 +352,10 @@ def _unflatten(ix: E.Expr, e: E.Expr, iterators: tuple[str, ...],
     return out
 
 
+#: int32 lanes of a 512-bit vector: the lanes of one ``vpdpbusd``
+QUAD_LANES = 16
+
+
 @dataclass(frozen=True)
 class QuadDot:
     """A statement ``acc(..) += sum_{r<4} int32(X(.., p, r)) * int32(W(.., r))`` of
@@ -413,7 +417,7 @@ def quad_dot(stmt: Statement, kernel: Kernel, lane_iterator: str) -> QuadDot | N
                 (x0.array, x0.indices[:-1], w0.array, w0.indices[:-1]):
             return None
     shape = kernel.array(x0.array).shape
-    if len(x0.indices) < 2 or shape[-1] != E.Const(4) and shape[-1] != E.Const(4, "int64"):
+    if len(x0.indices) < 2 or not isinstance(shape[-1], E.Const) or shape[-1].value != 4:
         return None
     if any(lane_iterator in E.free_names(ix)[0] for ix in x0.indices[:-2] + w0.indices):
         return None

@@ -82,3 +82,14 @@ def test_guard_always_true_or_false_leaves_one_statement():
     assert len(k.statements) == 1 and isinstance(k.statements[0].value, E.Read)
     k = from_tc("def f(float(9) X) -> (Y) { Y(i) = (i > 20) ? X(i) : 0.0 }")
     assert len(k.statements) == 1 and isinstance(k.statements[0].value, E.Const)
+
+
+def test_recurrence_through_a_guard_is_not_split():
+    """``Y(i) = i >= 1 ? Y(i - 1) + X(i) : 1`` reads what its pad writes: split, the
+    inside would run before the pad it reads."""
+    src = ("def f(float(9) X) -> (Y) { Y(i) = X(i) where i in 0:9\n"
+           "Y(i) = (i >= 1) ? Y(i - 1) + X(i) : 1.0 where i in 0:9 }")
+    k = from_tc(src)
+    assert len(k.statements) == 2 and isinstance(k.statements[-1].value, E.Select)
+    x = np.arange(9, dtype=np.float32)
+    np.testing.assert_array_equal(polyc.define(src)(x), np.concatenate([[1], 1 + np.cumsum(x[1:])]))

@@ -181,9 +181,13 @@ CONVS = {
 }
 
 
-@pytest.fixture
-def both_paths(monkeypatch):
-    """Compile a model twice: on the integers with dot products, and without them."""
+@pytest.fixture(params=[True, False], ids=["quads", "rows"])
+def both_paths(monkeypatch, request):
+    """Compile a model twice: on the integers with dot products (in the byte quads of
+    512-bit VNNI, and in rows along the reduction: whatever this CPU has, the C is
+    correct), and without them."""
+    monkeypatch.setattr(machine, "has_vnni512", lambda: request.param)
+
     def compile_both(model):
         from polyc.frontend.onnx_passes import pass_stats
         monkeypatch.setattr(machine, "has_integer_dot", lambda: True)
@@ -394,17 +398,29 @@ def _quad_operands(q, p, m, layout, seed=0):
     return x, (w if layout == "steps-rows" else np.ascontiguousarray(w.transpose(1, 0, 2))), want
 
 
+QUAD_OPTIONS = {**OPTIONS,
+                # tiles with partial rows (the default shapes divide the row count)
+                "register-8x32": polyc.Options(register_tile=(8, 32)),
+                "register-5x48": polyc.Options(register_tile=(5, 48)),
+                "register-3x16": polyc.Options(register_tile=(3, 16))}
+
+
 @pytest.mark.parametrize("shape", [(37, 23, 13), (16, 64, 6), (3, 100, 40), (1, 1, 1),
                                    (9, 49, 70)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("layout", list(QUAD_LAYOUTS))
-@pytest.mark.parametrize("opt", list(OPTIONS), ids=str)
-def test_byte_dot_product_is_exact(shape, layout, opt):
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "symbolic"])
+@pytest.mark.parametrize("opt", list(QUAD_OPTIONS), ids=str)
+def test_byte_dot_product_is_exact(shape, layout, fixed, opt):
     """``C(m,p) +=! sum_r int32(X(q,p,r)) * int32(W(..,r))``: exact on every option, at
     sizes that leave partial tiles of rows and of lanes (masked), with the weights' rows
-    side by side or apart."""
+    side by side or apart; with its sizes fixed (the VNNI micro-kernel where the CPU has
+    it: its strides are constants) and symbolic (the plain loops)."""
     q, p, m = shape
     x, w, want = _quad_operands(q, p, m, layout)
-    np.testing.assert_array_equal(_quad(layout, OPTIONS[opt])(x, w), want)
+    op = _quad(layout, QUAD_OPTIONS[opt], sizes=shape if fixed else None)
+    np.testing.assert_array_equal(op(x, w), want)
+    if fixed and machine.has_vnni512() and opt in ("default", "register-5x48") and p > 1:
+        assert "polyc_vnni_" in op.c_source
 
 
 @VNNI512
@@ -413,14 +429,15 @@ def test_byte_dot_product_calls_the_vnni_micro_kernel(layout, tmp_path):
     """On a CPU with AVX-512 VNNI, the register tile of a byte dot product calls a
     ``vpdpbusd`` micro-kernel (full and partial rows); compiled for a target without
     VNNI, the plain loops behind the ``#else`` give the same sums."""
-    op = _quad(layout, sizes=(45, 70, 30))
+    op = _quad(layout, polyc.Options(register_tile=(8, 32)), sizes=(45, 70, 30))
     x, w, want = _quad_operands(45, 70, 30, layout, seed=2)
     np.testing.assert_array_equal(op(x, w), want)
     text = op.c_source
     assert "polyc_vnni_" in text and "_part(" in text and "#else" in text
     assert "vpdpbusd" in _assembly(text, tmp_path)
     cflags = polyc.Options().cflags + ("-mno-avx512vnni",)
-    plain = _quad(layout, polyc.Options(cflags=cflags), sizes=(45, 70, 30))
+    plain = _quad(layout, polyc.Options(cflags=cflags, register_tile=(8, 32)),
+                  sizes=(45, 70, 30))
     np.testing.assert_array_equal(plain(x, w), want)
 
 

@@ -57,7 +57,8 @@ import islpy as isl
 
 from .. import dtypes as D
 from .. import expr as E
-from ..ir import Kernel, Statement, access_relation, element_iterators, quad_dot
+from ..ir import (QUAD_LANES, Kernel, Statement, access_relation, element_iterators,
+                  quad_dot)
 from ..options import Options
 from . import machine, tiling
 from .vector import member_iterators
@@ -195,8 +196,6 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
 #: accumulator registers of a byte dot product's tile on AVX-512 VNNI: 24 of the 32
 #: (its loaded vectors and each row's broadcast weights take the rest)
 QUAD_ACCUMULATORS = 24
-#: int32 lanes of one vector
-QUAD_LANES = 16
 
 
 def quad_shape(ext_u: int | None, ext_v: int | None) -> tuple[int, int]:
@@ -223,7 +222,7 @@ def _quad(s: Statement, kernel: Kernel, lane: str, options: Options) -> bool:
     C target on a CPU with 512-bit AVX-512 VNNI, ``s`` a byte dot product
     (:func:`polyc.ir.quad_dot`) writing ``lane`` as its last index, over a box domain
     (so every row and reduction step of a tile starts its columns where the tile does)."""
-    if options.target != "c" or vector_bits() != 512 or not machine.has_vnni512():
+    if options.target != "c" or not machine.has_vnni512():
         return False
     if s.write.indices[-1] != E.Index(lane) or quad_dot(s, kernel, lane) is None:
         return False
@@ -615,7 +614,8 @@ def epilogue_of(mark: isl.ScheduleNode, kernel: Kernel) -> str:
     initialisation's constant (so every element is complete when its tile is copied
     out: :func:`first_visit_init`). ``S2`` qualifies when it is a plain assignment to an
     array ``W`` of ``A``'s type (no conversion: a requantization to int8 ran slower at
-    the copy-out than in its own pass), the only statement besides ``S`` (and its
+    the copy-out of a dot-product tile than in its own pass; a byte dot product's tile,
+    :func:`mark_quad`, takes one), the only statement besides ``S`` (and its
     initialisation) that touches ``A``, and the only one that writes ``W``, one element
     per instance, which no statement before ``S2`` reads; it reads ``A`` at one
     element, a one-to-one image of its instance whose
