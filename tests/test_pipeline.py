@@ -152,3 +152,21 @@ def test_no_wavefront_over_a_reduction_into_one_element(src):
     s = out[0] if isinstance(out, tuple) else out
     want = a.sum(dtype=np.float64) if "0.5" not in src else float((a > 0.5).sum())
     np.testing.assert_allclose(float(s), want, rtol=1e-5)
+
+
+def test_flattened_read_starts_a_fusion_group():
+    """A consumer reading its producer at a flat index (``T(1, 4*h + w)``: no loop of
+    the two lines up) is not given to isl's scheduler together with it (smart fusion),
+    though both have two loops; a consumer reading it loop for loop is; the results are
+    the same."""
+    from polyc.schedule.scheduler import fusion_groups
+    src = ("def f(float(2,12) X) -> (Y) {{ T(a, p) = X(a, p) * 2.0 where a in 0:2, p in 0:12\n"
+           "Y(h, w) = {read} + 1.0 where h in 0:{h}, w in 0:{w} }}")
+    flat = polyc.define(src.format(read="T(1, 4*h + w)", h=3, w=4))
+    groups = fusion_groups(flat.kernel, "smart")
+    assert [len(g) for g in groups] == [1, 1]
+    aligned = polyc.define(src.format(read="T(h, w)", h=2, w=12))
+    assert [len(g) for g in fusion_groups(aligned.kernel, "smart")] == [2]
+    x = np.arange(24, dtype=np.float32).reshape(2, 12)
+    np.testing.assert_allclose(flat(x), (x[1] * 2.0 + 1.0).reshape(3, 4))
+    np.testing.assert_allclose(aligned(x), x * 2.0 + 1.0)
