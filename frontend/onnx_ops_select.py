@@ -16,7 +16,12 @@ onnx's reference and onnxruntime), then keeps them greedily in one loop over the
 box ``r`` is kept when its score passes the threshold, fewer than
 ``max_output_boxes_per_class`` were kept before it, and no kept box before it overlaps
 it by more than ``iou_threshold`` -- a recurrence, so its statements share that loop
-(``Lowered.loops``), as the RNNs' steps do.
+(``Lowered.loops``), as the RNNs' steps do. The state from one rank to the next is the
+list of the boxes kept so far (``max_output_boxes_per_class`` slots, stored for two
+ranks: ``Lowered.folds``) and its length, so each box is tested against the kept ones
+only; the tests are all evaluated (no ``&&``), and the step's loops run as vectors over
+the classes. The ranks are two triangles of comparisons (the boxes before and after
+each one), O(n^2) but vectorized.
 """
 from __future__ import annotations
 
@@ -61,6 +66,12 @@ def _pick(k: str, values: list[str]) -> str:
     for i in range(len(values) - 2, -1, -1):
         out = f"({k} == {i} ? {values[i]} : {out})"
     return out
+
+
+def _all(conds: list[str]) -> str:
+    """1 where every condition holds, else 0 -- each one evaluated (C's ``&&`` skips the
+    rest after a false one: control flow, which keeps gcc from vectorizing the loop)."""
+    return " * ".join(f"({c} ? 1 : 0)" for c in conds)
 
 
 def _truth(ctx: LowerContext, tensor: str, idx: list[str]) -> str:
@@ -228,15 +239,21 @@ def non_max_suppression(node: Node, ctx: LowerContext) -> Lowered:
     # the rank of each box by score (higher first, ties: lower index first), and the
     # box at each rank
     rk, order = ctx.temp("rank"), ctx.temp("order")
-    # (a NaN score ranks last, so that the ranks stay a permutation of the boxes)
+    # (a NaN score ranks last, so that the ranks stay a permutation of the boxes). A box
+    # j before box i ranks first unless its score is lower, or NaN where i's is not; a
+    # box after i ranks first if its score is higher, or a number where i's is NaN: two
+    # triangles (the guards j < i, j > i become their domains, polyc.guards)
     sj, si = sc("j"), sc("i")
-    first = (f"({sj} > {si} || ({sj} == {si} && j < i) || ({sj} == {sj} && {si} != {si}) "
-             f"|| ({sj} != {sj} && {si} != {si} && j < i))")
-    stmts = [temp_stmt(ctx, rk, ["b", "c", "i"], (nb, nc, s), "+=!", f"{first} ? 1 : 0",
+    stmts = [temp_stmt(ctx, rk, ["b", "c", "i"], (nb, nc, s), "+=!",
+                       f"(j < i && ({sj} >= {si} || {si} != {si})) ? 1 : 0",
+                       lets=[f"j in 0:{s}"]),
+             temp_stmt(ctx, rk, ["b", "c", "i"], (nb, nc, s), "+=",
+                       f"(j > i && ({sj} > {si} || ({si} != {si} && {sj} == {sj}))) ? 1 : 0",
                        lets=[f"j in 0:{s}"]),
              temp_stmt(ctx, order, ["b", "c", "r"], (nb, nc, s), "+=!",
-                       f"{rk}(b, c, i) == r ? int64(i) : 0", lets=[f"i in 0:{s}"])]
-    # the corners (y1, x1, y2, x2) and area of the box at each rank
+                       f"{rk}(b, c, i) == r ? int32(i) : 0", lets=[f"i in 0:{s}"])]
+    # the corners (y1, x1, y2, x2) and the area of the box at each rank, as five planes
+    # (component first, classes innermost: the greedy loop's vectors run over classes)
     corner = ctx.temp("corner")
     box = lambda q: ref(ctx, boxes, ["b", f"min({order}(b, c, r), {s - 1})", str(q)])  # noqa: E731
     if node.attr("center_point_box", 0):
@@ -246,35 +263,55 @@ def non_max_suppression(node: Node, ctx: LowerContext) -> Lowered:
     else:
         values = [f"min({box(0)}, {box(2)})", f"min({box(1)}, {box(3)})",
                   f"max({box(0)}, {box(2)})", f"max({box(1)}, {box(3)})"]
-    stmts.append(temp_stmt(ctx, corner, ["r", "b", "c", "q"], (s, nb, nc, 4), "=",
+    stmts.append(temp_stmt(ctx, corner, ["q", "r", "b", "c"], (4, s, nb, nc), "=",
                            _pick("q", values)))
     area = ctx.temp("area")
-    cr = lambda r, q: f"{corner}({r}, b, c, {q})"  # noqa: E731
+    cr = lambda q: f"{corner}({q}, r, b, c)"  # noqa: E731
     stmts.append(temp_stmt(ctx, area, ["r", "b", "c"], (s, nb, nc), "=",
-                           f"({cr('r', 3)} - {cr('r', 1)}) * ({cr('r', 2)} - {cr('r', 0)})"))
-    # the greedy selection, one rank after another (kept: 1; the kept ones before r)
+                           f"({cr(3)} - {cr(1)}) * ({cr(2)} - {cr(0)})"))
+    # the greedy selection, one rank after another. The state carried from rank to rank
+    # is the list of the boxes kept so far (their corners and areas, in the order kept,
+    # ``per_class`` slots) and how many there are: box r is tested against the kept
+    # ones only, O(per_class) a rank rather than O(r)
     keep, sup, seen = ctx.temp("keep"), ctx.temp("suppressed"), ctx.temp("kept_before")
+    kept = ctx.temp("kept")
     loop = ["r", "b", "c"]
     shape3 = (s, nb, nc)
-    scaffold = len(stmts)
+    scaffold = [len(stmts)]
     stmts.append(temp_stmt(ctx, keep, loop, shape3, "=", "0"))
+    scaffold.append(len(stmts))
+    stmts.append(temp_stmt(ctx, seen, loop, shape3, "=", "0"))
+    scaffold.append(len(stmts))
+    kidx = ["r", "q", "t", "b", "c"]  # classes innermost: the vector loops run over them
+    kshape = tuple({"r": s, "q": 5, "t": per_class, "b": nb, "c": nc}[i] for i in kidx)
+    stmts.append(temp_stmt(ctx, kept, kidx, kshape, "=", lit(0.0, dt)))
     first = len(stmts)
-    iw = f"(min({cr('r', 3)}, {cr('q', 3)}) - max({cr('r', 1)}, {cr('q', 1)}))"
-    ih = f"(min({cr('r', 2)}, {cr('q', 2)}) - max({cr('r', 0)}, {cr('q', 0)}))"
+    stmts.append(temp_stmt(ctx, seen, loop, shape3, "=",
+                           f"(r == 0 ? 0 : {seen}(r - 1, b, c) + {keep}(r - 1, b, c))"))
+    # slot t of the list at rank r: box r - 1 if it was kept as the t-th, else as before
+    fresh = f"(q < 4 ? {corner}(min(q, 3), r - 1, b, c) : {area}(r - 1, b, c))"
+    stmts.append(temp_stmt(
+        ctx, kept, kidx, kshape, "=",
+        f"(r == 0 ? {lit(0.0, dt)} : ("
+        f"{_all([f'{keep}(r - 1, b, c) != 0', f'{seen}(r - 1, b, c) == t'])} != 0 ? "
+        f"{fresh} : {kept}({', '.join(['r - 1'] + kidx[1:])})))"))
+    kc = lambda q: f"{kept}({', '.join(['r', str(q)] + kidx[2:])})"  # noqa: E731
+    iw = f"(min({cr(3)}, {kc(3)}) - max({cr(1)}, {kc(1)}))"
+    ih = f"(min({cr(2)}, {kc(2)}) - max({cr(0)}, {kc(0)}))"
     inter = f"({iw} * {ih})"
-    union = f"({area}(r, b, c) + {area}(q, b, c) - {inter})"
-    overlap = (f"{iw} > 0 && {ih} > 0 && {inter} > 0 && {area}(r, b, c) > 0 && "
-               f"{area}(q, b, c) > 0 && {union} > 0 && {inter} / {union} > {iou_thr}")
+    union = f"({area}(r, b, c) + {kc(4)} - {inter})"
+    # every test evaluated (``_all``, no && whose right side runs only when its left
+    # holds): the step's loops over the kept slots and the classes then vectorize
+    overlap = [f"{iw} > 0", f"{ih} > 0", f"{inter} > 0", f"{area}(r, b, c) > 0",
+               f"{kc(4)} > 0", f"{union} > 0", f"{inter} / {union} > {iou_thr}"]
     stmts.append(temp_stmt(ctx, sup, loop, shape3, "+=!",
-                           f"(q < r && {keep}(q, b, c) != 0 && {overlap}) ? 1 : 0",
-                           lets=[f"q in 0:{s}"]))
-    stmts.append(temp_stmt(ctx, seen, loop, shape3, "+=!",
-                           f"(q < r && {keep}(q, b, c) != 0) ? 1 : 0", lets=[f"q in 0:{s}"]))
-    passes = f" && {sc(f'min({order}(b, c, r), {s - 1})')} > {score_thr}" if score_thr else ""
+                           _all([f"t < {seen}(r, b, c)", *overlap]), lets=[f"t in 0:{per_class}"]))
+    passes = [f"{sc(f'min({order}(b, c, r), {s - 1})')} > {score_thr}"] if score_thr else []
     stmts.append(temp_stmt(ctx, keep, loop, shape3, "=",
-                           f"({sup}(r, b, c) == 0 && {seen}(r, b, c) < {per_class}{passes})"
-                           f" ? 1 : 0"))
+                           _all([f"{sup}(r, b, c) == 0", f"{seen}(r, b, c) < {per_class}",
+                                 *passes])))
     loops = (("r", first, len(stmts) - 1),)
+    folds = ((kept, 2), (sup, 1))
     # compaction: each class's kept boxes in rank order, the classes one after another
     total, start, chosen = ctx.temp("total"), ctx.temp("start"), ctx.temp("chosen")
     stmts.append(temp_stmt(ctx, total, bc, (nb, nc), "+=!", f"{keep}(r, b, c)",
@@ -284,7 +321,7 @@ def non_max_suppression(node: Node, ctx: LowerContext) -> Lowered:
                            lets=[f"b2 in 0:{nb}", f"c2 in 0:{nc}"]))
     stmts.append(temp_stmt(ctx, chosen, ["b", "c", "t"], (nb, nc, per_class), "+=!",
                            f"({keep}(r, b, c) != 0 && {seen}(r, b, c) == t) ? "
-                           f"{order}(b, c, r) : 0", lets=[f"r in 0:{s}"]))
+                           f"int64({order}(b, c, r)) : 0", lets=[f"r in 0:{s}"]))
     at = f"max(0, min({per_class - 1}, p - {start}(b, c)))"
     inside = f"({start}(b, c) <= p && p < {start}(b, c) + {total}(b, c))"
     stmts.append(stmt(ctx, y, ["p", "e"], "+=!",
@@ -292,4 +329,4 @@ def non_max_suppression(node: Node, ctx: LowerContext) -> Lowered:
                       f" : 0", extra=rng_bc))
     stmts += _count_stmt(ctx, node, f"{keep}(r, b, c) != 0",
                          [f"r in 0:{s}", *rng_bc])
-    return Lowered(stmts, loops=loops, scaffold=(scaffold,))
+    return Lowered(stmts, loops=loops, scaffold=tuple(scaffold), folds=folds)

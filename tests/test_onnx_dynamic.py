@@ -152,6 +152,30 @@ def test_non_max_suppression(center, thresholds, target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("per_class", [3, 100])
+def test_non_max_suppression_many_classes(per_class, target):
+    """18 classes (the greedy loop's vectors over classes: a full vector and a tail),
+    a per-class limit that binds and one past the box count, and the corner cases of
+    the overlap test: identical boxes (IoU 1), zero-area boxes, NaN and tied scores
+    (a NaN never passes the score threshold)."""
+    rng = np.random.default_rng(7)
+    b, c, n = 1, 18, 37
+    boxes = _boxes(rng, b, n, 0)
+    boxes[0, 4] = boxes[0, 9]  # the same box twice
+    boxes[0, 11, 2:] = boxes[0, 11, :2]  # a box of zero area
+    scores = rng.random((b, c, n)).astype(np.float32)
+    scores[0, 2, 3] = np.nan
+    scores[0, 5, [1, 8, 20]] = scores[0, 5, 30]  # ties: lower indices first
+    model = _model([helper.make_node("NonMaxSuppression",
+                                     ["boxes", "scores", "k", "iou", "score"], ["sel"])],
+                   [("boxes", F, [b, n, 4]), ("scores", F, [b, c, n]), ("k", I64, [1]),
+                    ("iou", F, [1]), ("score", F, [1])], [("sel", I64)], opset=11)
+    feed = {"boxes": boxes, "scores": scores, "iou": np.array([0.3], np.float32),
+            "score": np.array([0.1], np.float32)}
+    _check(model, feed, target, values={"k": np.array([per_class], np.int64)})
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_detector_tail_keeps_the_count(target):
     """NMS -> the box column of its output -> the boxes themselves, and a Cast and a
     Transpose of NonZero: every op keeps the count, and each output is cut to it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import islpy as isl
 import numpy as np
 import pytest
 from onnx import TensorProto as T
@@ -33,10 +34,12 @@ def _model(node, ins, outs):
 
 def _check(model, feed, target, rtol=1e-4, atol=1e-5):
     want = ReferenceEvaluator(model).run(None, feed)
-    got = polyc.compile_onnx(model, **target).run(None, feed)
+    compiled = polyc.compile_onnx(model, **target)
+    got = compiled.run(None, feed)
     for g, w in zip(got, want):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+    return compiled
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -130,3 +133,30 @@ def test_fold_storage_refuses_a_reduction_over_steps():
                 " Y(i) = H(4, i)\n}")
     with pytest.raises(ScheduleError, match="do not share one loop"):
         fold_storage(k, "H", 1)
+
+
+def test_folded_recurrence_steps_are_vectorized_not_parallel():
+    """A recurrence with folded state keeps the source's order, as a tree: the shared
+    step loop outermost (sequential), each statement's own loops in a band flagged from
+    the dependences -- coincident members become SIMD loops, and a step's few
+    thousand instances get no parallel region of their own (one per step would cost
+    more than the step)."""
+    model, feed = _linear_attention_case("gated", 2, 2, 40, True, decay_width="head")
+    compiled = _check(model, feed, {})
+    source = compiled.c_source
+    body = source[source.index("for (int64_t c0 = 0; c0 <= 39; c0 += 1)"):]
+    assert "#pragma omp simd" in body[:body.index("\n  }\n")]
+    assert "omp parallel" not in body[:body.index("\n  }\n")]
+    step = lower_onnx(model).steps[0]
+    kernel, schedule = schedule_function(polyc.Options())(step.kernel)
+    bands = []
+
+    def visit(node):
+        if node.get_type() == isl.schedule_node_type.band:
+            bands.append([bool(node.band_member_get_coincident(i))
+                          for i in range(node.band_n_member())])
+        for i in range(node.n_children()):
+            visit(node.child(i))
+    visit(schedule.get_root())
+    assert bands[0] == [False] or bands[0][0] is False  # the steps, in order
+    assert any(any(b) for b in bands[1:])  # the statements' own loops: parallel members

@@ -316,10 +316,12 @@ def _reductions_apart(band: isl.ScheduleNode, kernel: Kernel) -> bool:
 
 
 def _is_tiny(node: isl.ScheduleNode, kernel: Kernel) -> bool:
-    """A specialised kernel does less than :data:`TINY_WORK` under ``node``: statement
-    instances, each counted once per array element it reads (a copy counts its
-    instances, a 3x3 max pool nine times its outputs: ResNet-50's 200k-output pool ran
-    sequentially at 3x onnxruntime's 2-thread time)."""
+    """A specialised kernel does less than :data:`TINY_WORK` under ``node`` each time it
+    runs: statement instances, each counted once per array element it reads (a copy
+    counts its instances, a 3x3 max pool nine times its outputs: ResNet-50's 200k-output
+    pool ran sequentially at 3x onnxruntime's 2-thread time), divided by the trips of
+    the sequential loops around ``node`` (a recurrence's steps: one parallel region per
+    step for a few thousand instances cost more than the step)."""
     if len(kernel.fixed_sizes) != len(kernel.sizes):
         return False
     total = 0
@@ -328,16 +330,28 @@ def _is_tiny(node: isl.ScheduleNode, kernel: Kernel) -> bool:
         s = sets.get_at(k)
         if s.is_empty():
             continue
-        reads = len(kernel.statement(s.get_tuple_name()).reads)
-        s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
-        volume = max(1, reads)
-        for i in range(s.dim(isl.dim_type.set)):
-            lo, hi = s.dim_min_val(i), s.dim_max_val(i)
-            if not (lo.is_int() and hi.is_int()):
-                return False
-            volume *= max(0, hi.to_python() - lo.to_python() + 1)
-        total += volume
+        volume = _box_volume(s)
+        if volume is None:
+            return False
+        total += max(1, len(kernel.statement(s.get_tuple_name()).reads)) * volume
+    prefix = node.get_prefix_schedule_union_map().intersect_params(kernel.context).range()
+    if not prefix.is_empty():
+        outer = prefix.get_set_list()
+        trips = _box_volume(outer.get_at(0)) if outer.n_set() == 1 else None
+        total //= max(1, trips or 1)
     return total < TINY_WORK
+
+
+def _box_volume(s: isl.Set) -> int | None:
+    """The points of the bounding box of ``s`` (None when a bound is not a number)."""
+    s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
+    volume = 1
+    for i in range(s.dim(isl.dim_type.set)):
+        lo, hi = s.dim_min_val(i), s.dim_max_val(i)
+        if not (lo.is_int() and hi.is_int()):
+            return None
+        volume *= max(0, hi.to_python() - lo.to_python() + 1)
+    return volume
 
 
 def _mark_simd(node: isl.ScheduleNode) -> isl.ScheduleNode:

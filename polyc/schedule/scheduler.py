@@ -49,7 +49,7 @@ import islpy as isl
 from .. import expr as E
 from ..deps import Dependences
 from ..errors import PolycWarning, ScheduleError, SemanticError
-from ..ir import Kernel, Statement
+from ..ir import Kernel, Statement, params_prefix
 from ..options import Options
 
 
@@ -283,14 +283,109 @@ def _source_order(kernel: Kernel, s: Statement) -> isl.Schedule:
 
 
 def _program_order(kernel: Kernel, deps: Dependences, group: list[Statement]) -> isl.Schedule:
-    """``group`` in the program's own order (its position vectors): always legal."""
+    """``group`` in the program's own order (its position vectors): always legal.
+
+    As a tree (:func:`_position_tree`): a sequence where the statements' positions are
+    constants that differ, a band where they are loops -- shared loops outermost, then
+    each statement's own loops in a band whose coincident and permutable flags are
+    read off the dependences, so that :mod:`.optimize` vectorizes and tiles a
+    recurrence's step as any other loop nest (a flat band of the whole position vector
+    would leave every loop of the step scalar). Positions that mix constants and loops
+    at one depth keep that flat band."""
     dom = isl.UnionSet.empty(kernel.context.get_space())
     for s in group:
         dom = dom.union(isl.UnionSet.from_set(s.domain))
     dom = dom.intersect_params(kernel.context)
     order = deps.original_schedule.intersect_domain(dom)
-    return isl.Schedule.from_domain(dom).insert_partial_schedule(
+    flat = isl.Schedule.from_domain(dom).insert_partial_schedule(
         isl.MultiUnionPwAff.from_union_map(order))
+    positions = {s.name: [str(x) for x in kernel.position(s.name)] for s in group}
+    depth = max(len(b) for b in positions.values())
+    positions = {k: b + ["0"] * (depth - len(b)) for k, b in positions.items()}
+    tree = _position_tree(kernel, group, positions, 0, depth)
+    if tree is None:
+        return flat
+    return _flag_bands(tree, deps)
+
+
+def _constant(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _position_tree(kernel: Kernel, group: list[Statement], positions: dict[str, list[str]],
+                   d: int, depth: int) -> isl.Schedule | None:
+    """The schedule of ``group`` by its positions from depth ``d`` (None where a depth
+    mixes constants and loops)."""
+    dom = isl.UnionSet.empty(kernel.context.get_space())
+    for s in group:
+        dom = dom.union(isl.UnionSet.from_set(s.domain))
+    dom = dom.intersect_params(kernel.context)
+    if d == depth:
+        return isl.Schedule.from_domain(dom)
+    consts = [_constant(positions[s.name][d]) for s in group]
+    if all(c is not None for c in consts):
+        parts = []
+        for value in sorted(set(consts)):
+            sub = [s for s, c in zip(group, consts) if c == value]
+            part = _position_tree(kernel, sub, positions, d + 1, depth)
+            if part is None:
+                return None
+            parts.append(part)
+        tree = parts[0]
+        for part in parts[1:]:
+            tree = tree.sequence(part)
+        return tree
+    if any(c is not None for c in consts):
+        return None
+    end = d
+    while end < depth and all(_constant(positions[s.name][end]) is None for s in group):
+        end += 1
+    inner = _position_tree(kernel, group, positions, end, depth)
+    if inner is None:
+        return None
+    band = isl.UnionMap.empty(kernel.context.get_space())
+    for s in group:
+        its = ", ".join(s.iterators)
+        m = isl.Map(f"{params_prefix(kernel.sizes)}{{ {s.name}[{its}] -> "
+                    f"[{', '.join(positions[s.name][d:end])}] }}")
+        band = band.union(isl.UnionMap.from_map(m.intersect_domain(s.domain)))
+    return inner.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(band))
+
+
+def _flag_bands(schedule: isl.Schedule, deps: Dependences) -> isl.Schedule:
+    """``schedule`` with each band's members marked coincident where no dependence
+    between instances of the same outer iteration runs along them, and the band
+    permutable where none runs backwards along any member."""
+    def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        if node.get_type() == isl.schedule_node_type.band:
+            node = _flag_band(node, deps)
+        for i in range(node.n_children()):
+            node = visit(node.child(i)).parent()
+        return node
+    return visit(schedule.get_root()).get_schedule()
+
+
+def _flag_band(node: isl.ScheduleNode, deps: Dependences) -> isl.ScheduleNode:
+    prefix = node.get_prefix_schedule_union_map()
+    same = prefix.apply_range(prefix.reverse())
+    dom = node.get_domain()
+    validity = deps.validity.intersect_domain(dom).intersect_range(dom).intersect(same)
+    coincidence = deps.coincidence.intersect_domain(dom).intersect_range(dom).intersect(same)
+    mupa = node.band_get_partial_schedule()
+    nonneg, zero = isl.UnionSet("{ [d] : d >= 0 }"), isl.UnionSet("{ [0] }")
+    permutable, flags = True, []
+    for m in range(node.band_n_member()):
+        f = isl.UnionMap.from_union_pw_aff(mupa.get_union_pw_aff(m))
+        along = [d.apply_domain(f).apply_range(f).deltas() for d in (validity, coincidence)]
+        permutable = permutable and along[0].is_subset(nonneg)
+        flags.append(along[1].is_subset(zero))
+    node = node.band_set_permutable(int(permutable))
+    for m, c in enumerate(flags):
+        node = node.band_member_set_coincident(m, int(c))
+    return node
 
 
 def _isl_schedule(kernel: Kernel, deps: Dependences, group: list[Statement],
