@@ -249,6 +249,25 @@ def test_fit_shape(ext_u, ext_v, want):
     assert register_tile.fit_shape(8, 64, 16, ext_u, ext_v) == want
 
 
+@pytest.mark.parametrize("ext_u, ext_v, want", [
+    (7, 512, (7, 64)), (14, 512, (7, 64)), (56, 64, (7, 64)), (49, 256, (7, 64)),
+    (1024, 1024, (6, 64)), (128, 768, (6, 64)), (5, 512, (5, 64)), (None, 512, (6, 64)),
+    (32, 32, (13, 32)), (8, 16, (8, 16)),
+])
+def test_fit_shape_spill_free(ext_u, ext_v, want):
+    """The AVX-512 machine shape 6 x 64 (24 accumulators, 4 column vectors and a
+    broadcast: 29 of 32 registers): 7 rows only where 7 divides the rows, narrower
+    columns give their registers to rows."""
+    assert register_tile.fit_shape(6, 64, 16, ext_u, ext_v) == want
+
+
+def test_machine_shape_fits_the_registers():
+    mr, nr = register_tile.machine_shape("float32", polyc.Options())
+    lanes = register_tile.vector_bits() // 32
+    nv = nr // lanes
+    assert mr * nv + nv + 1 <= register_tile.vector_registers() < (mr + 1) * nv + nv + 1
+
+
 def test_panel_fits_l2_and_matmul_keeps_its_tiles(monkeypatch):
     monkeypatch.setattr(optimize.machine, "l2_bytes", lambda: 1 << 20)
     mm = from_tc("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")

@@ -75,7 +75,7 @@ def test_conv1x1(threads):
 def test_rows_balance_threads(monkeypatch):
     """600 rows on a 1 MB L2 (budget 256) and 2 threads: 4 blocks of 152 (the last 144)."""
     monkeypatch.setattr(machine, "l2_bytes", lambda: 1 << 20)
-    op = polyc.define(MATMUL, threads=2)
+    op = polyc.define(MATMUL, threads=2, register_tile=(8, 64))
     _check(op, [(600, 256), (256, 70)], lambda A, B: A @ B)
     assert _row_block(op) == 152
     assert "omp parallel for" in op.c_source
@@ -84,19 +84,20 @@ def test_rows_balance_threads(monkeypatch):
 def test_rows_from_l2_size(monkeypatch):
     """The row block follows the L2: a quarter of it holds the A block (rows x 256)."""
     monkeypatch.setattr(machine, "l2_bytes", lambda: 1 << 20)
-    op = polyc.define(MATMUL, threads=1)
+    op = polyc.define(MATMUL, threads=1, register_tile=(8, 64))
     _check(op, [(2048, 256), (256, 64)], lambda A, B: A @ B)
     assert _row_block(op) == 256
     monkeypatch.setattr(machine, "l2_bytes", lambda: 256 << 10)
-    small = polyc.define(MATMUL, threads=1)
+    small = polyc.define(MATMUL, threads=1, register_tile=(8, 64))
     _check(small, [(2048, 256), (256, 64)], lambda A, B: A @ B)
     assert _row_block(small) == 64
 
 
 def test_explicit_tiles_and_parametric_kernels_keep_their_rows():
-    op = polyc.define(MATMUL, tile=(32, 64, 512), threads=1)
+    # (8-row register tiles: the rows are whole register tiles)
+    op = polyc.define(MATMUL, tile=(32, 64, 512), threads=1, register_tile=(8, 64))
     _check(op, [(300, 37), (37, 70)], lambda A, B: A @ B)
     assert _row_block(op) == 32
-    par = polyc.define(MATMUL, specialize=False, threads=2)
+    par = polyc.define(MATMUL, specialize=False, threads=2, register_tile=(8, 64))
     _check(par, [(300, 37), (37, 70)], lambda A, B: A @ B)
     assert _row_block(par) == 32
