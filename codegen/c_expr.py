@@ -582,10 +582,41 @@ static inline float polyc_round_bf16(float f) { return polyc_bf16_load(polyc_bf1
 }
 
 
+#: libm functions glibc's libmvec has vector variants of (float and double), by the
+#: glibc release that added them
+#: (not the two-argument ones, pow, atan2 and hypot: gcc 12 crashes on a powf declared so
+#: whose exponent is a constant, LRN's ``powf(x, 0.5f)``)
+LIBMVEC = {(2, 22): ("exp", "log", "sin", "cos"),
+           (2, 35): ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "cosh",
+                     "erf", "erfc", "exp10", "exp2", "expm1", "log10", "log1p", "log2",
+                     "sinh", "tan", "tanh")}
+
+
+def _libmvec_declarations() -> list[str]:
+    """libm's functions declared ``omp declare simd`` where glibc's libmvec has their
+    vector variants: gcc then calls those in SIMD loops (``_ZGVeN16v_erff``, 16 lanes,
+    within 4 ulp) instead of one scalar call per element. glibc's own math.h declares
+    them so only under -ffast-math; the BERT layer's GELU spent 10% of its time in
+    scalar erff."""
+    lines = ["/* libm's vector variants (glibc's libmvec) for gcc's SIMD loops */",
+             "#if defined(__x86_64__) && defined(__GLIBC__) && defined(_OPENMP) \\",
+             "    && !defined(__FAST_MATH__)",
+             '#define POLYC_SIMD_DECL _Pragma("omp declare simd notinbranch")']
+    for (major, minor), names in LIBMVEC.items():
+        lines.append(f"#if __GLIBC__ > {major} || (__GLIBC__ == {major} && "
+                     f"__GLIBC_MINOR__ >= {minor})")
+        for name in names:
+            for ct, sfx in (("float", "f"), ("double", "")):
+                lines.append(f"POLYC_SIMD_DECL extern {ct} {name}{sfx}({ct});")
+        lines.append("#endif")
+    return lines + ["#endif"]
+
+
 def _prelude() -> str:
     lines = [
         "#include <stdint.h>", "#include <stdbool.h>", "#include <stdlib.h>",
         "#include <string.h>", "#include <math.h>", "#include <pthread.h>", "",
+        *_libmvec_declarations(), "",
         "/* helpers: floor division and modulo round towards -infinity (as in isl and Python) */"]
     # integer division and modulo are total: by 0 they give 0 (as numpy), and the signed
     # INT_MIN / -1 wraps (as numpy): the C operators trap on both (SIGFPE)

@@ -21,6 +21,7 @@ import numpy as np
 from polyc import dtypes as D
 
 from .onnx_graph import LowerContext, Lowered, Node, UnsupportedOpError, literal, register
+from .onnx_layout import MATMUL_BLOCKED
 
 FLOATS = D.FLOATS
 INTS = D.INTS
@@ -481,6 +482,41 @@ def matmul_indices(node: Node, ctx: LowerContext, a: str, b: str, out: str
         off = nb - nbt
         return ["0" if shape[d] == 1 else batch[off + d] for d in range(nbt)] + core
     return out_idx, batch_idx(a, [m, k] if m else [k]), batch_idx(b, [k, n] if n else [k])
+
+
+@register(MATMUL_BLOCKED)
+def matmul_blocked(node: Node, ctx: LowerContext) -> Lowered:
+    """polyc's own op (:mod:`.onnx_layout`): a MatMul, or a Gemm without transposes,
+    whose ``B`` is stored in column blocks ``(NBK, K, NB)``::
+
+        Yt(.., m, nb, ni) +=! A(.., m, k) * Bb(nb, k, ni)           (alpha * for a Gemm)
+        Y(.., m, n)        = Yt(.., m, n / NB, n % NB)              (+ beta * C(m, n))
+
+    the register tile's columns one block (its ``K x NB`` weights one contiguous
+    stream); ``Yt`` holds ``Y``'s elements in the same order (and the zero-padded
+    columns of the last block, when ``NB`` does not divide ``N``)."""
+    a, bb, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    ys = ctx.shape(y)
+    nbk, k, nb = ctx.shape(bb)
+    dt = ctx.dtype(y)
+    if len(ys) < 2 or ctx.rank(a) != len(ys) or ctx.shape(a)[-1] != k or nbk * nb < ys[-1]:
+        raise unsupported(node, f"blocked weights {list(ctx.shape(bb))} do not fit input "
+                                f"{list(ctx.shape(a))} and output {list(ys)}")
+    out = idx_names(len(ys))
+    batch, m, n = out[:-2], out[-2], out[-1]
+    prod = f"{ref(ctx, a, batch + [m, 'r_k'])} * {ref(ctx, bb, ['nb', 'r_k', 'ni'])}"
+    alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    if alpha != 1.0:
+        prod = f"{lit(alpha, dt)} * {prod}"
+    yt = ctx.temp("yt")
+    stmts = [temp_stmt(ctx, yt, batch + [m, "nb", "ni"], tuple(ys[:-1]) + (nbk, nb), "+=!",
+                       prod, lets=[f"r_k in 0:{k}"])]
+    value = f"{yt}({', '.join(batch + [m, f'{n} / {nb}', f'{n} % {nb}'])})"
+    if present(node, 2) and beta != 0.0:
+        c = operand(ctx, node.inputs[2], out)
+        value = f"{value} + {c if beta == 1.0 else f'{lit(beta, dt)} * {c}'}"
+    stmts.append(stmt(ctx, y, out, "=", value))
+    return Lowered(stmts)
 
 
 @register("Gemm")

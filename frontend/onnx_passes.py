@@ -53,7 +53,7 @@ FOLD_LIMIT_BYTES = 16 << 20
 VIEW_OPS = frozenset(["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"])
 #: ops that start a fusion group (their elementwise consumers join them)
 ANCHOR_OPS = frozenset(["Conv", "ConvTranspose", "Gemm", "MatMul", "PolycConvDot",
-                        "PolycConvNHWC"])
+                        "PolycConvNHWC", "PolycMatMulBlocked"])
 #: elementwise ops (each output element from the same element of the inputs, broadcast)
 ELEMENTWISE_OPS = frozenset([
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal",
@@ -926,7 +926,8 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
                                              "batchnorm_folded", "cse",
                                              "cse_constants", "dead", "conv_channels_last",
                                              "transposes_sunk", "transposes_cancelled",
-                                             "gemm_transposed", "nodes_before",
+                                             "gemm_transposed", "matmul_blocked",
+                                             "nodes_before",
                                              "nodes_after")}
     _STATS.clear()
     _STATS.update(result)
