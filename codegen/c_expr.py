@@ -58,12 +58,37 @@ def load(dtype: str, x: Piece) -> Piece:
 
 
 def store(dtype: str, x: Piece) -> Piece:
-    """A computed value ``x`` of ``dtype`` as the element to store."""
+    """A computed value ``x`` of ``dtype`` as the element to store (a value already
+    rounded to ``dtype`` is stored without that rounding: rounding twice to one format
+    is rounding once)."""
     d = D.get(dtype)
     if d.is_int and d.bits < 8:  # int4: its low bits (as ml_dtypes stores them)
         return Piece(f"({d.ctype})((uint32_t){x.at(PRIMARY)} & {(1 << d.bits) - 1}u)", UNARY)
     tag = _conversion(dtype)
-    return call(f"polyc_{tag}_store", x) if tag else x
+    if not tag:
+        return x
+    return call(f"polyc_{tag}_store", _called(x, _rounding(dtype)) or x)
+
+
+def _rounding(dtype: str) -> str:
+    """The helper that rounds a float to the storage-only float ``dtype``."""
+    if D.get(dtype).minifloat:
+        return f"polyc_{_tag(dtype)}_round"
+    return f"polyc_round_{'f16' if dtype == 'float16' else 'bf16'}"
+
+
+def _called(x: Piece, fn: str) -> Piece | None:
+    """The argument of ``x`` when ``x`` is exactly one call of ``fn``, else None."""
+    text = x.text
+    if not (text.startswith(fn + "(") and text.endswith(")")):
+        return None
+    depth = 0
+    for i, ch in enumerate(text[len(fn):], len(fn)):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and i != len(text) - 1:
+            return None  # ``f(a) + f(b)``: not one call
+    return Piece(text[len(fn) + 1:-1])
 
 
 def _conversion(dtype: str) -> str | None:
@@ -181,10 +206,8 @@ def cast(dtype: str, x: Piece) -> Piece:
     if dtype == "bool":
         return binary("!=", x, Piece("0"))
     d = D.get(dtype)
-    if d.minifloat:
-        return call(f"polyc_{_tag(dtype)}_round", x)
-    if d.storage_only:  # rounded to the type, held as a float
-        return call(f"polyc_round_{'f16' if dtype == 'float16' else 'bf16'}", x)
+    if d.minifloat or d.storage_only:  # rounded to the type, held as a float (once)
+        return x if _called(x, _rounding(dtype)) else call(_rounding(dtype), x)
     if d.is_int and d.bits < 8:  # int4, uint2...: wrapped to their bits, one per byte
         mask, sign = (1 << d.bits) - 1, 1 << (d.bits - 1)
         if d.kind == "u":

@@ -11,6 +11,7 @@ the ONNX importer, checked against numpy (and onnxruntime).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -95,6 +96,41 @@ def h(float16(N) A, float16(N) B) -> (C) {
     got = op(a, b)
     assert got.dtype == np.float16
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16", "float8e4m3fn"])
+def test_each_value_is_rounded_once(dt):
+    """An explicit cast of a value already rounded to the type, and the store of one,
+    add no second rounding (rounding twice to one format is rounding once): the code
+    has no nested rounding calls, and the result is numpy's, bit for bit."""
+    tc = {"float16": "float16", "bfloat16": "bfloat16", "float8e4m3fn": "float8e4m3fn"}[dt]
+    op = polyc.define(f"""
+def h({tc}(N) A, {tc}(N) B) -> (C) {{
+  C(i) = {tc}({tc}(A(i) + B(i)) * A(i))
+}}""")
+    np_dt = D.numpy_dtype(dt)
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal(301).astype(np_dt)
+    b = rng.standard_normal(301).astype(np_dt)
+    want = ((a.astype(np.float32) + b.astype(np.float32)).astype(np_dt).astype(np.float32)
+            * a.astype(np.float32)).astype(np_dt)
+    got = op(a, b)
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+    src = op.c_source
+    assert not re.search(r"(polyc_\w*round\w*)\(\1\(", src)
+    for m in re.finditer(r"polyc_\w+_store\(", src):  # no store of one rounding call
+        depth, end = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(src[end], 0)
+            end += 1
+        arg = src[m.end():end - 1]
+        inner = re.match(r"polyc_\w*round\w*\(", arg)
+        if inner:
+            depth, k = 1, inner.end()
+            while depth:
+                depth += {"(": 1, ")": -1}.get(arg[k], 0)
+                k += 1
+            assert k != len(arg), arg
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
