@@ -297,6 +297,19 @@ def conv_nhwc(node: Node, ctx: LowerContext) -> Lowered:
     win = Window(node, xs[1:3], ys[1:3], [KH, KW])
     o, r = names("o", 2), names("k", 2)
     src = ctx.name(x)
+    spatial = [("n", 0, ys[0])] + [(o[d], 0, ys[d + 1]) for d in range(2)]
+    taps = [(r[0], 0, KH), (r[1], 0, KW)]
+    out_idx = ["n"] + o + ["m"]
+    if depthwise:
+        # the padding as guards on the reads (the same for every channel of the vector
+        # loop: a masked load), not a padded copy: a depthwise convolution does 9
+        # multiply-adds an element, and the copy of its (expanded) input cost more
+        guards = [g for d in range(2) for g in win.guards(d, o[d], r[d])]
+        value = guarded(guards, read(src, ["n"] + [win.index(d, o[d], r[d]) for d in range(2)]
+                                     + ["m"]), literal(0.0, ctx.dtype(x)))
+        conv = f"{lhs(ctx.name(y), out_idx)} +=! ({value}) * " \
+            f"{read(ctx.name(w), r + ['m'])}{where(spatial + [('m', 0, M)] + taps)}"
+        return Lowered([conv] + ([_bias(ctx, ctx.name(y), ys, b, out_idx)] if b else []))
     if any(win.begin + win.end) or any(win.max_index(d) > xs[d + 1] - 1 for d in range(2)):
         src = ctx.temp("xpad")
         copy_in = [_padded_copy(ctx, x, src, win, ["n"], ["ci"], channel_last=True)]
@@ -304,14 +317,6 @@ def conv_nhwc(node: Node, ctx: LowerContext) -> Lowered:
     else:
         copy_in = []
         at = [win.index(d, o[d], r[d]) for d in range(2)]
-    spatial = [("n", 0, ys[0])] + [(o[d], 0, ys[d + 1]) for d in range(2)]
-    taps = [(r[0], 0, KH), (r[1], 0, KW)]
-    out_idx = ["n"] + o + ["m"]
-    if depthwise:
-        conv = f"{lhs(ctx.name(y), out_idx)} +=! {read(src, ['n'] + at + ['m'])} * " \
-            f"{read(ctx.name(w), r + ['m'])}{where(spatial + [('m', 0, M)] + taps)}"
-        return Lowered(copy_in + [conv] + ([_bias(ctx, ctx.name(y), ys, b, out_idx)]
-                                           if b else []))
     NB, MB = ws[0], ws[4]
     yt = ctx.temp("yt")
     conv = f"{lhs(yt, ['n'] + o + ['mb', 'mi'])} +=! {read(src, ['n'] + at + ['c'])} * " \

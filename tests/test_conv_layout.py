@@ -546,3 +546,31 @@ def test_blocked_columns_pads_the_last_block():
     np.testing.assert_array_equal(blocks[1, :, :6], b[:, 64:])
     assert not blocks[1, :, 6:].any()
     np.testing.assert_array_equal(blocks[0], b[:, :64])
+
+
+@pytest.mark.parametrize("attrs", [dict(strides=[2, 2], pads=[0, 2, 1, 0]),
+                                   dict(strides=[1, 1], pads=[2, 1, 2, 1], dilations=[2, 1]),
+                                   dict(strides=[3, 2], pads=[1, 1, 1, 1])])
+def test_depthwise_conv_reads_its_padding_through_guards(attrs, tmp_cache):
+    """A channel-last depthwise Conv reads its input in place, the padding as guards
+    (no padded copy): asymmetric pads, strides and dilations, on every scheduler
+    option, against onnxruntime."""
+    rng = np.random.default_rng(9)
+    c = 40
+    w = (rng.standard_normal((c, 1, 3, 3)) * 0.3).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], group=c, **attrs)
+    g = helper.make_graph([node], "dw",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 11, 9])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _check_against_onnxruntime(model, tmp_cache)
+    feeds = _feeds(model)
+    want = onnxruntime_outputs(model, feeds)[0]
+    for opts in (dict(scheduler="pluto"), dict(fusion="min"), dict(register_tile=False),
+                 dict(tile=False)):
+        m = polyc.compile_onnx(model, options=polyc.Options(cache_dir=tmp_cache, **opts))
+        assert "xpad" not in m.c_source
+        np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
