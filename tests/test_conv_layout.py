@@ -553,8 +553,9 @@ def test_blocked_columns_pads_the_last_block():
                                    dict(strides=[3, 2], pads=[1, 1, 1, 1])])
 def test_depthwise_conv_reads_its_padding_through_guards(attrs, tmp_cache):
     """A channel-last depthwise Conv reads its input in place, the padding as guards
-    (no padded copy): asymmetric pads, strides and dilations, on every scheduler
-    option, against onnxruntime."""
+    (no padded copy), its accumulators in a register tile (rows of output pixels
+    sharing the tap's weights): asymmetric pads, strides and dilations, on every
+    scheduler option, against onnxruntime."""
     rng = np.random.default_rng(9)
     c = 40
     w = (rng.standard_normal((c, 1, 3, 3)) * 0.3).astype(np.float32)
@@ -569,6 +570,8 @@ def test_depthwise_conv_reads_its_padding_through_guards(attrs, tmp_cache):
     _check_against_onnxruntime(model, tmp_cache)
     feeds = _feeds(model)
     want = onnxruntime_outputs(model, feeds)[0]
+    default = polyc.compile_onnx(model, options=polyc.Options(cache_dir=tmp_cache))
+    assert "polyc_acc" in default.c_source and "xpad" not in default.c_source
     for opts in (dict(scheduler="pluto"), dict(fusion="min"), dict(register_tile=False),
                  dict(tile=False)):
         m = polyc.compile_onnx(model, options=polyc.Options(cache_dir=tmp_cache, **opts))

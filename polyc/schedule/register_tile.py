@@ -23,7 +23,10 @@ The band qualifies (:func:`plan`) when it has exactly one statement, a coinciden
 stride-1 vector member ``v`` (the write's last index), at least one reduction member
 none of whose iterators the write uses, and a coincident member ``u`` that indexes a
 non-last dimension of the write and no read that ``v`` walks (so each vector load is
-reused by the ``MR`` unrolled rows). :func:`apply` checks the rest on the tree it built
+reused by the ``MR`` unrolled rows) -- or, where none does, one that some read ``v``
+walks ignores (a depthwise convolution's rows each load their input pixels and share
+the weights of the tap; its accumulators then stay in registers across the taps).
+:func:`apply` checks the rest on the tree it built
 and keeps the old band when a check fails: only that statement touches the array, its
 accesses to it all go through the written element, and the write footprint of one
 register tile is exactly a box (so the copy-out never writes an element it did not
@@ -193,6 +196,16 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
                   and any(its[i] in x for x in uses[:-1]) and its[i] not in uses[-1]
                   and not any(its[i] in E.free_names(ix)[0]
                               for r in vector_reads for ix in r.indices)]
+    if not candidates:
+        # rows that each read their own vector where another vector read is the same
+        # for every row (a depthwise convolution: its rows read their input pixels and
+        # share the taps' weights): the accumulators stay in registers across the
+        # reduction instead of being loaded and stored at each step
+        candidates = [i for i in range(len(its))
+                      if flags[i] and i != vec
+                      and any(its[i] in x for x in uses[:-1]) and its[i] not in uses[-1]
+                      and any(not any(its[i] in E.free_names(ix)[0] for ix in r.indices)
+                              for r in vector_reads)]
     if not candidates:
         return None
     u = candidates[-1]
