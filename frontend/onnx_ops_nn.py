@@ -279,8 +279,9 @@ def conv_nhwc(node: Node, ctx: LowerContext) -> Lowered:
     elements in the same order, so the copy-out is a contiguous pass (the one the bias
     and the fused activation make anyway). Depthwise (one group per channel), weights
     ``(KH, KW, C)``: ``Y(n, oh, ow, c) +=! X(n, .., .., c) * W(kh, kw, c)``, the vector
-    loop over the channels. A padded input is copied into a zero-padded NHWC temporary
-    first (a contiguous copy), so the convolution's domain is rectangular and unguarded."""
+    loop over the channels, the padding as guards on the input's reads. A dense
+    convolution's padded input is copied into a zero-padded NHWC temporary first (a
+    contiguous copy), so its domain is rectangular and unguarded."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     b = node.inputs[2] if len(node.inputs) > 2 else ""
     check_nonempty(node, ctx, x, w, y)

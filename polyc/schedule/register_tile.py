@@ -49,7 +49,8 @@ that the copy-out can run the requantization (:func:`epilogue_of`).
 Register tile sizes come from the machine (:func:`machine_shape`): as many rows as its
 vector registers hold without spilling, AVX-512 ``6 x 64`` float32 / int32 and ``6 x 32``
 float64 / int64 (the vector loop then spans four 512-bit registers per row: 24
-accumulators), AVX2 ``6 x 16`` / ``6 x 8``; :func:`fit_shape` fits them to the loops. ``Options.register_tile``
+accumulators), AVX2 ``6 x 16`` / ``6 x 8``; :func:`fit_shape` fits them to the loops.
+``Options.register_tile``
 overrides them (``(MR, NR)``) or turns the pass off (``False``).
 """
 from __future__ import annotations
