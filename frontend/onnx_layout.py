@@ -214,7 +214,7 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
 
     def copy(w: str, tag: str, layout: Callable[[np.ndarray], np.ndarray]) -> str:
         if (w, tag) not in transposed:
-            value = np.ascontiguousarray(layout(graph.constants[w]))
+            value = np.ascontiguousarray(layout(constants[w]))
             transposed[(w, tag)] = constant(f"{w}_{tag}", value)
         return transposed[(w, tag)]
 
@@ -271,15 +271,10 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
             n = dataclasses.replace(n, inputs=inputs, attrs={**n.attrs, "transB": 0})
             stats["gemm_transposed"] += 1
         if wants_blocked_columns(n, graph, constants):
-            b = n.inputs[1]
-            value = np.ascontiguousarray(blocked_columns(constants[b]))
-            if (b, "blocked") not in transposed:
-                transposed[(b, "blocked")] = constant(f"{b}_blocked", value)
             attrs = {"alpha": float(n.attrs.get("alpha", 1.0)),
                      "beta": float(n.attrs.get("beta", 1.0))} if n.op_type == "Gemm" else {}
-            n = dataclasses.replace(n, op_type=MATMUL_BLOCKED,
-                                    inputs=(n.inputs[0], transposed[(b, "blocked")])
-                                    + n.inputs[2:], attrs=attrs)
+            inputs = (n.inputs[0], copy(n.inputs[1], "blocked", blocked_columns)) + n.inputs[2:]
+            n = dataclasses.replace(n, op_type=MATMUL_BLOCKED, inputs=inputs, attrs=attrs)
             stats["matmul_blocked"] += 1
         nodes.append(n)
     if not transposed and not subsampled:

@@ -536,6 +536,9 @@ def test_matmul_with_constant_b_runs_on_column_blocks(op, a_shape, n, extra, tmp
             warnings.simplefilter("ignore", PolycWarning)
             m = polyc.compile_onnx(model, options=polyc.Options(cache_dir=tmp_cache, **opts))
         np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    cuda = polyc.compile_onnx(model, target="cuda", emulate=True,  # the CUDA target too
+                              options=polyc.Options(cache_dir=tmp_cache))
+    np.testing.assert_allclose(cuda.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
 
 
 def test_blocked_columns_pads_the_last_block():
@@ -577,3 +580,6 @@ def test_depthwise_conv_reads_its_padding_through_guards(attrs, tmp_cache):
         m = polyc.compile_onnx(model, options=polyc.Options(cache_dir=tmp_cache, **opts))
         assert "xpad" not in m.c_source
         np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    cuda = polyc.compile_onnx(model, target="cuda", emulate=True,  # the CUDA target too
+                              options=polyc.Options(cache_dir=tmp_cache))
+    np.testing.assert_allclose(cuda.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)

@@ -15,37 +15,21 @@ def _parse_size(text: str) -> int | None:
     return int(digits) * scale if digits.isdigit() else None
 
 
-#: assumed when /sys does not say (a common L1 data cache size)
-DEFAULT_L1D_BYTES = 32 << 10
-
-
-@functools.lru_cache(maxsize=None)
-def _cache_bytes(level: str, kinds: tuple[str, ...]) -> int | None:
-    """The size of CPU 0's cache of ``level`` whose type is one of ``kinds`` (sysfs)."""
+@functools.lru_cache(maxsize=1)
+def l2_bytes() -> int:
+    """The per-core L2 (unified, level 2) cache size of CPU 0."""
     base = "/sys/devices/system/cpu/cpu0/cache"
     for i in range(8):
         try:
             with open(f"{base}/index{i}/level") as f:
-                found = f.read().strip()
-            with open(f"{base}/index{i}/type") as f:
-                kind = f.read().strip()
+                level = f.read().strip()
             with open(f"{base}/index{i}/size") as f:
                 size = _parse_size(f.read())
         except OSError:
             continue
-        if found == level and kind in kinds and size:
+        if level == "2" and size:
             return size
-    return None
-
-
-def l2_bytes() -> int:
-    """The per-core L2 (unified, level 2) cache size of CPU 0."""
-    return _cache_bytes("2", ("Unified", "Data")) or DEFAULT_L2_BYTES
-
-
-def l1d_bytes() -> int:
-    """The per-core L1 data cache size of CPU 0."""
-    return _cache_bytes("1", ("Data",)) or DEFAULT_L1D_BYTES
+    return DEFAULT_L2_BYTES
 
 
 @functools.lru_cache(maxsize=1)

@@ -192,21 +192,17 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
     vector_reads = [r for r in E.reads(s.value)
                     if r.array != write.array
                     and any(its[vec] in E.free_names(ix)[0] for ix in r.indices)]
-    candidates = [i for i in range(len(its))
-                  if flags[i] and i != vec
-                  and any(its[i] in x for x in uses[:-1]) and its[i] not in uses[-1]
-                  and not any(its[i] in E.free_names(ix)[0]
-                              for r in vector_reads for ix in r.indices)]
-    if not candidates:
-        # rows that each read their own vector where another vector read is the same
-        # for every row (a depthwise convolution: its rows read their input pixels and
-        # share the taps' weights): the accumulators stay in registers across the
-        # reduction instead of being loaded and stored at each step
-        candidates = [i for i in range(len(its))
-                      if flags[i] and i != vec
-                      and any(its[i] in x for x in uses[:-1]) and its[i] not in uses[-1]
-                      and any(not any(its[i] in E.free_names(ix)[0] for ix in r.indices)
-                              for r in vector_reads)]
+    rows = [i for i in range(len(its)) if flags[i] and i != vec
+            and any(its[i] in x for x in uses[:-1]) and its[i] not in uses[-1]]
+
+    def indexes(i: int, r: E.Read) -> bool:
+        return any(its[i] in E.free_names(ix)[0] for ix in r.indices)
+    # rows that share every vector load; else (a depthwise convolution: its rows read
+    # their own input pixels and share the taps' weights) rows that share one of them:
+    # the accumulators stay in registers across the reduction instead of being loaded
+    # and stored at each step
+    candidates = [i for i in rows if not any(indexes(i, r) for r in vector_reads)] or \
+        [i for i in rows if not all(indexes(i, r) for r in vector_reads)]
     if not candidates:
         return None
     u = candidates[-1]
