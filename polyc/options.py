@@ -67,6 +67,8 @@ class Options:
         its own fusion heuristics); the band optimisations after it are the same.
     :diamond: with ``scheduler="pluto"``, diamond tiles for time-iterated stencils
         (concurrent start of the tiles of a wavefront instead of a pipeline).
+    :pack: copy the large operand of a big contraction into column blocks before it
+        runs (:mod:`polyc.pack`; C target, fixed sizes, register tiles on).
     """
 
     fusion: str = "smart"
@@ -99,6 +101,7 @@ class Options:
     gpu_register_tile: bool | tuple[int, ...] = True
     scheduler: str = "isl"
     diamond: bool = True
+    pack: bool = True
 
     def __post_init__(self) -> None:
         from .errors import CompileError

@@ -36,6 +36,7 @@ from .deps import Dependences, compute_dependences
 from .errors import CompileError, InternalError, PolycWarning, ScheduleError
 from .ir import Kernel
 from .options import Options
+from .pack import pack_operands
 from .printer import show_kernel
 from .widen import widen_accumulators
 from .schedule.optimize import optimize
@@ -154,7 +155,7 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     """Stages check .. legality."""
     stage = stage or _Stages(options, kernel.name)
     if options.schedule is None:  # a user's schedule names the statements as they are
-        kernel = prepare_kernel(kernel)
+        kernel = pack_operands(prepare_kernel(kernel), options)
     kernel = stage("ir", kernel, show_kernel)
     check.check_accesses_in_bounds(kernel)
     deps = stage("deps", compute_dependences(kernel), Dependences.dump)

@@ -1,0 +1,189 @@
+"""Packing of a contraction's large operand into column blocks (polyc/pack.py): which
+kernels are packed, the rewritten kernel's shape, and results against numpy on sizes
+that are not multiples of the block or of the register tile, on every scheduler option,
+1 and 2 threads and under the sanitizers. The thresholds are lowered so that small
+(fast) sizes are packed."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from conftest import assert_matches_numpy, random_inputs
+
+import polyc
+from polyc import pack
+from polyc.codegen.toolchain import asan_runtime, sanitizer_environment
+from polyc.errors import PolycWarning
+from polyc.schedule import register_tile
+
+MATMUL = """
+def matmul(float(M,K) A, float(K,N) B) -> (C) {
+    C(m,n) +=! A(m,k) * B(k,n)
+}"""
+TOL = dict(rtol=1e-4, atol=1e-3)
+OPTIONS = [dict(), dict(threads=2), dict(fusion="min"), dict(fusion="max"),
+           dict(scheduler="pluto"), dict(register_tile=(4, 32)), dict(tile=(16, 8, 32))]
+
+
+@pytest.fixture
+def small_thresholds(monkeypatch):
+    """Pack from 8 rows and any operand size (the defaults want big matmuls)."""
+    monkeypatch.setattr(pack, "MIN_ROWS", 8)
+    monkeypatch.setattr(pack, "MIN_BYTES_L2_FRACTION", 1 << 30)
+
+
+def _packed(op) -> bool:
+    return "_packed[" in op.c_source
+
+
+def _nr(dtype="float32") -> int:
+    return register_tile.machine_shape(dtype, polyc.Options())[1]
+
+
+def _run(src, shapes, ref, dtype="float32", seed=0, tol=TOL, **opts):
+    op = polyc.define(src, **opts)
+    xs = random_inputs([(s, dtype) for s in shapes], seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PolycWarning)  # isl's fusion budget under "max"
+        got = op(*xs)
+    assert_matches_numpy(got, ref(*xs), **tol)
+    return op
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items())
+                         or "default")
+@pytest.mark.parametrize("m,k,n", [(37, 53, 130), (9, 70, 2 * 64 + 63), (130, 1, 65)])
+def test_matmul_packed_matches_numpy(m, k, n, opts, small_thresholds):
+    """A partial last block (``n`` not a multiple of the block), odd rows and depths."""
+    op = _run(MATMUL, [(m, k), (k, n)], lambda a, b: a @ b, **opts)
+    assert _packed(op) == (n > _nr()), op.c_source
+
+
+def test_packed_kernel_shape(small_thresholds):
+    """The copy comes first, the result's column iterator is split into a block and a
+    lane (the initialisation too), and the contraction reads the packed copy."""
+    op = _run(MATMUL, [(20, 30), (30, 200)], lambda a, b: a @ b)
+    src = op.c_source
+    nr = _nr()
+    assert f"B_packed[(nb * K + d0) * {nr} + ni] = B[d0 * N + ({nr} * nb + ni)]" in src
+    assert "B_packed[(n_blk * K + k) * " in src
+    assert src.index("B_packed[(nb") < src.index("B_packed[(n_blk")
+
+
+def test_temporary_operand(small_thresholds):
+    """An operand the kernel computes before the contraction is packed after it."""
+    src = """
+    def f(float(M,K) A, float(K,N) B) -> (C) {
+        B2(k,n) = B(k,n) * 2
+        C(m,n) +=! A(m,k) * B2(k,n)
+    }"""
+    for opts in (dict(), dict(fusion="max"), dict(scheduler="pluto")):
+        op = _run(src, [(25, 31), (31, 140)], lambda a, b: a @ (2 * b), **opts)
+        assert "B2_packed[" in op.c_source
+
+
+def test_batched_and_epilogue(small_thresholds):
+    """A batched B (its batch index kept before the packed rows) and an epilogue reading
+    the result (left on its own iterators)."""
+    src = """
+    def bmm(float(Bt,M,K) A, float(Bt,K,N) B, float(N) bias) -> (C, D) {
+        C(b,m,n) +=! A(b,m,k) * B(b,k,n)
+        D(b,m,n) = C(b,m,n) + bias(n)
+    }"""
+    for opts in (dict(), dict(threads=2), dict(scheduler="pluto"), dict(fusion="max")):
+        op = polyc.define(src, **opts)
+        a, b, bias = random_inputs([((3, 17, 23), "float32"), ((3, 23, 150), "float32"),
+                                    ((150,), "float32")], 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PolycWarning)
+            c, d = op(a, b, bias)
+        assert _packed(op)
+        assert_matches_numpy(c, a @ b, **TOL)
+        assert_matches_numpy(d, a @ b + bias, **TOL)
+
+
+@pytest.mark.parametrize("dtype,tol", [("float64", dict(rtol=1e-10, atol=1e-10)),
+                                       ("float16", dict(rtol=2e-2, atol=2e-2))])
+def test_other_dtypes(dtype, tol, small_thresholds):
+    """double (another block width) and float16 (accumulated in float32 first)."""
+    src = MATMUL.replace("float(", f"{dtype}(")
+    op = _run(src, [(21, 40), (40, 170)],
+              lambda a, b: (a.astype(np.float64) @ b.astype(np.float64)).astype(dtype),
+              dtype=dtype, tol=tol)
+    assert _packed(op)
+
+
+_SANITIZED = """
+import sys
+sys.path.insert(0, {tests!r})
+import polyc
+from polyc import pack
+from conftest import assert_matches_numpy, random_inputs
+pack.MIN_ROWS, pack.MIN_BYTES_L2_FRACTION = 8, 1 << 30
+for opts in (dict(), dict(threads=2), dict(fusion="max")):
+    op = polyc.define({src!r}, sanitize=True, cflags=("-Wall", "-Wextra", "-Werror"), **opts)
+    a, b = random_inputs([((13, 29), "float32"), ((29, 150), "float32")], 0)
+    assert_matches_numpy(op(a, b), a @ b, rtol=1e-4, atol=1e-3)
+    assert "_packed[" in op.c_source
+print("SANITIZED OK")
+"""
+
+
+@pytest.mark.skipif(asan_runtime() is None, reason="gcc has no libasan.so")
+def test_sanitizers():
+    """The copy and the split contraction stay inside their arrays (ASan/UBSan, in a
+    child process that loads the ASan runtime first; see test_sanitizers.py)."""
+    script = _SANITIZED.format(tests=os.path.dirname(os.path.abspath(__file__)), src=MATMUL)
+    done = subprocess.run([sys.executable, "-c", script], env=sanitizer_environment(),
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0 and "SANITIZED OK" in done.stdout, \
+        f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-5000:]}"
+
+
+@pytest.mark.parametrize("src,shapes", [
+    # B's last index is not the result's column: a transposed operand
+    ("def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
+     [(20, 30), (150, 30)]),
+    # no reduction: nothing to reuse
+    ("def f(float(M,N) A, float(M,N) B) -> (C) { C(m,n) = A(m,n) * B(m,n) }",
+     [(20, 150), (20, 150)]),
+])
+def test_not_packed(src, shapes, small_thresholds):
+    op = polyc.define(src)
+    xs = random_inputs([(s, "float32") for s in shapes], 0)
+    op(*xs)
+    assert not _packed(op)
+
+
+def test_thresholds_and_options(monkeypatch):
+    """Not packed: few rows, an operand that fits in the L2, ``pack=False``, no register
+    tiles, no tiles, a user schedule or the CUDA target."""
+    a, b = random_inputs([((20, 30), "float32"), ((30, 200), "float32")], 0)
+    monkeypatch.setattr(pack, "MIN_BYTES_L2_FRACTION", 1 << 30)
+    monkeypatch.setattr(pack, "MIN_ROWS", 21)
+    op = polyc.define(MATMUL)
+    op(a, b)
+    assert not _packed(op)  # 20 rows
+    monkeypatch.setattr(pack, "MIN_ROWS", 20)
+    op = polyc.define(MATMUL)
+    op(a, b)
+    assert _packed(op)
+    for opts in (dict(pack=False), dict(register_tile=False), dict(tile=False)):
+        op = polyc.define(MATMUL, **opts)
+        assert_matches_numpy(op(a, b), a @ b, **TOL)
+        assert not _packed(op), opts
+    monkeypatch.setattr(pack, "MIN_BYTES_L2_FRACTION", 1)  # B (24 KB) fits in the L2
+    op = polyc.define(MATMUL)
+    op(a, b)
+    assert not _packed(op)
+
+
+def test_cuda_target_not_packed(small_thresholds):
+    op = polyc.define(MATMUL, target="cuda", emulate=True)
+    a, b = random_inputs([((20, 30), "float32"), ((30, 200), "float32")], 0)
+    assert_matches_numpy(op(a, b), a @ b, **TOL)
+    assert "_packed" not in op.cuda_source
