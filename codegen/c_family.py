@@ -514,6 +514,14 @@ class _Walker:
         if unroll and self.dialect.unroll_pragma and not pragmas:
             pragmas.append(self.dialect.unroll_pragma.format(unroll[0]))
         body = self.node(n.for_get_body(), (), in_parallel or parallel)
+        tail = None if parallel or "simd" not in kinds or not pragmas \
+            else vector_tail(n, iterator, TAIL_LANES)
+        if tail is not None:  # the main loop, then the remainder as a vector loop of its own
+            lo, split, hi = tail
+            return [node for a, b in ((lo, split - 1), (split, hi))
+                    for node in [cgen.Pragma(p) for p in pragmas] + [cgen.For(
+                        f"{self.dialect.index_type} {var} = {a}", f"{var} <= {b}",
+                        f"{var} += 1", _block(body))]]
         loop = cgen.For(f"{self.dialect.index_type} {var} = {self._isl(n.for_get_init()).text}",
                         self._isl(n.for_get_cond()).text,
                         f"{var} += {self._isl(n.for_get_inc()).text}", _block(body))
@@ -590,6 +598,43 @@ def _user_calls(n: isl.AstNode) -> list[isl.AstExpr]:
     if t == isl.ast_node_type.mark:
         return _user_calls(n.mark_get_node())
     return []
+
+
+#: the lanes a loop's remainder is counted in (:func:`vector_tail`): 32-bit lanes of a
+#: 512-bit vector, the widest unit; a whole number of them is also one of 256-bit vectors
+TAIL_LANES = 16
+#: a vector loop of a constant trip count below this many vectors has its remainder split
+#: off (:func:`vector_tail`)
+TAIL_SPLIT_VECTORS = 16
+
+
+def vector_tail(n: isl.AstNode, iterator: str, lanes: int) -> tuple[int, int, int] | None:
+    """``(lo, split, hi)`` when the ``omp simd`` loop ``n`` runs ``lo..hi`` (constants,
+    step 1) and its trip count leaves a remainder of two or more past a whole number of
+    ``lanes``-wide vectors (``split`` is where the remainder starts), the loop being
+    short (:data:`TAIL_SPLIT_VECTORS`); else None.
+
+    gcc runs such a remainder one element at a time (it has no masked epilogues before
+    gcc 14), and in a short loop it is a large share of the work: the step loop of a
+    NonMaxSuppression over 20 classes (a 16-lane vector and 4 scalar iterations) took
+    2.6x as long as with the remainder as a loop of its own, which gcc vectorizes with
+    narrower vectors."""
+    init, cond, inc = n.for_get_init(), n.for_get_cond(), n.for_get_inc()
+    if inc.get_type() != isl.ast_expr_type.int or inc.get_val().to_python() != 1 \
+            or init.get_type() != isl.ast_expr_type.int \
+            or cond.get_type() != isl.ast_expr_type.op \
+            or cond.get_op_type() not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt):
+        return None
+    a, b = cond.get_op_arg(0), cond.get_op_arg(1)
+    if not (a.get_type() == isl.ast_expr_type.id and a.get_id().get_name() == iterator
+            and b.get_type() == isl.ast_expr_type.int):
+        return None
+    lo = init.get_val().to_python()
+    hi = b.get_val().to_python() - (cond.get_op_type() == isl.ast_expr_op_type.lt)
+    trip = hi - lo + 1
+    if trip <= lanes or trip >= TAIL_SPLIT_VECTORS * lanes or trip % lanes < 2:
+        return None
+    return lo, hi + 1 - trip % lanes, hi
 
 
 def _moves_by_one(e: isl.AstExpr, iterator: str) -> bool:

@@ -288,3 +288,24 @@ def test_libm_functions_run_as_libmvec_vectors():
     syms = subprocess.run(["nm", "-D", op.compiled_for({"N": 1001}).library_path],
                           capture_output=True, text=True, check=True).stdout
     assert re.search(r"_ZGV\w+_erff", syms) and re.search(r"_ZGV\w+_expf", syms), syms
+
+
+@pytest.mark.parametrize("extra,split", [(4, True), (1, False), (0, False)])
+def test_short_vector_loop_remainder_is_a_loop_of_its_own(extra, split, tmp_path):
+    """A vector loop of a constant trip count just past a whole number of vectors runs
+    its remainder as a second ``omp simd`` loop (vectorized with narrower vectors)
+    instead of gcc's element-by-element epilogue; a remainder of one is left alone, and
+    so is a loop without one."""
+    from polyc.codegen.c_family import TAIL_LANES as lanes
+    n = lanes + extra
+    op = polyc.define("def f(float(M,N) A, float(N) b) -> (B) { B(m,n) = A(m,n) * b(n) + 1 }",
+                      cache_dir=str(tmp_path), cflags=WARNINGS_AS_ERRORS)
+    a, b = rand(3, n), rand(n)
+    np.testing.assert_allclose(op(a, b), a * b + 1, rtol=1e-6)
+    text = op.c_source
+    loops = re.findall(r"#pragma omp simd\n\s*for \(int64_t (c\d+) = (\d+); \1 <= (\d+);", text)
+    if split:
+        assert [(lo, hi) for _, lo, hi in loops] == [("0", str(lanes - 1)),
+                                                     (str(lanes), str(n - 1))], text
+    else:
+        assert [(lo, hi) for _, lo, hi in loops] == [("0", str(n - 1))], text
