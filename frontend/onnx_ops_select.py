@@ -20,8 +20,10 @@ it by more than ``iou_threshold`` -- a recurrence, so its statements share that 
 list of the boxes kept so far (``max_output_boxes_per_class`` slots, stored for two
 ranks: ``Lowered.folds``) and its length, so each box is tested against the kept ones
 only; the tests are all evaluated (no ``&&``), and the step's loops run as vectors over
-the classes. The ranks are two triangles of comparisons (the boxes before and after
-each one), O(n^2) but vectorized.
+the classes. The ranks are one square of comparisons, O(n^2) but vectorized: each row a
+loop of constant length (two triangles, the boxes before and after each one, did the
+same comparisons in loops of varying length, whose remainders gcc ran one by one: the
+benchmarks' detector tail took 1.6 ms with them, 1.4 ms without).
 """
 from __future__ import annotations
 
@@ -239,16 +241,15 @@ def non_max_suppression(node: Node, ctx: LowerContext) -> Lowered:
     # the rank of each box by score (higher first, ties: lower index first), and the
     # box at each rank
     rk, order = ctx.temp("rank"), ctx.temp("order")
-    # (a NaN score ranks last, so that the ranks stay a permutation of the boxes). A box
-    # j before box i ranks first unless its score is lower, or NaN where i's is not; a
-    # box after i ranks first if its score is higher, or a number where i's is NaN: two
-    # triangles (the guards j < i, j > i become their domains, polyc.guards)
+    # (a NaN score ranks last, so that the ranks stay a permutation of the boxes). Box j
+    # ranks before box i when its score is higher, or the same and j < i; when i's is
+    # NaN, when j's is not or j < i. The index test compares int32 (vectors of 64-bit
+    # compares hold half as many lanes)
     sj, si = sc("j"), sc("i")
+    lower = "int32(j) < int32(i)"
     stmts = [temp_stmt(ctx, rk, ["b", "c", "i"], (nb, nc, s), "+=!",
-                       f"(j < i && ({sj} >= {si} || {si} != {si})) ? 1 : 0",
-                       lets=[f"j in 0:{s}"]),
-             temp_stmt(ctx, rk, ["b", "c", "i"], (nb, nc, s), "+=",
-                       f"(j > i && ({sj} > {si} || ({si} != {si} && {sj} == {sj}))) ? 1 : 0",
+                       f"({sj} > {si} || ({sj} == {si} && {lower}) || "
+                       f"({si} != {si} && ({sj} == {sj} || {lower}))) ? 1 : 0",
                        lets=[f"j in 0:{s}"]),
              temp_stmt(ctx, order, ["b", "c", "r"], (nb, nc, s), "+=!",
                        f"{rk}(b, c, i) == r ? int32(i) : 0", lets=[f"i in 0:{s}"])]
