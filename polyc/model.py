@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import pipeline, tune
+from .coalesce import coalesce_elementwise
 from .codegen.model import ModelSource, generate_model, kernel_key
 from .codegen.model_runtime import ModelLibrary, check_array, write_model_files
 from .errors import RunError as RunError  # re-exported: run's error
@@ -254,13 +255,14 @@ def schedule_function(options: Options, progress: bool = False) -> Callable[[Ker
 
     def schedule(kernel: Kernel) -> Any:
         nonlocal interrupted
+        kernel = coalesce_elementwise(kernel)  # a step's arrays are only pointers to it
         opts = options
         if options.tune:
             tuned = tune.tune_kernel(kernel, options, progress=progress, search=not interrupted)
             interrupted = interrupted or tuned.status == "interrupted"
             opts = tuned.options
         if opts.schedule is None:  # as schedule_kernel does: the schedule is of this kernel
-            kernel = pipeline.prepare_kernel(kernel)
+            kernel = pipeline.prepare_kernel(kernel, opts)
         key = (kernel_key(kernel), opts)
         with _SCHEDULES_LOCK:
             found = _SCHEDULES.get(key)

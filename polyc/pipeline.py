@@ -155,7 +155,7 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     """Stages check .. legality."""
     stage = stage or _Stages(options, kernel.name)
     if options.schedule is None:  # a user's schedule names the statements as they are
-        kernel = pack_operands(prepare_kernel(kernel), options)
+        kernel = prepare_kernel(kernel, options)
     kernel = stage("ir", kernel, show_kernel)
     check.check_accesses_in_bounds(kernel)
     deps = stage("deps", compute_dependences(kernel), Dependences.dump)
@@ -187,10 +187,13 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     return _folded(Scheduled(kernel, deps, sched))
 
 
-def prepare_kernel(kernel: Kernel) -> Kernel:
+def prepare_kernel(kernel: Kernel, options: Options | None = None) -> Kernel:
     """The rewrites made before scheduling, unless the user gives the schedule: float16
-    sums accumulate in float32 (:mod:`polyc.widen`), dead writes go (:mod:`polyc.dead`)."""
-    return drop_dead_writes(widen_accumulators(kernel))
+    sums accumulate in float32 (:mod:`polyc.widen`), dead writes go (:mod:`polyc.dead`),
+    and with ``options``, large contraction operands are packed (:mod:`polyc.pack`).
+    Applying it to its own result changes nothing."""
+    kernel = drop_dead_writes(widen_accumulators(kernel))
+    return kernel if options is None else pack_operands(kernel, options)
 
 
 def storage_rewrites(kernel: Kernel, schedule: isl.Schedule) -> tuple[Kernel, Any]:
