@@ -162,6 +162,11 @@ def evaluate_node(node: Node, values: Sequence[np.ndarray], opset: int) -> list[
     if op == "Constant":
         from .onnx_import import _constant_value
         return [_constant_value(node_proto(node))]
+    if op == "DequantizeLinear" and not a.get("block_size") and len(values) >= 2 \
+            and np.asarray(values[1]).dtype in (np.float32, np.float64):
+        # onnx's reference evaluator has no DequantizeLinear before opset 19: a
+        # quantized model's weights would be dequantized at every run
+        return [_dequantized(values, int(a.get("axis", 1)))]
     from onnx.reference import ReferenceEvaluator
     names = [x for x in node.inputs if x]
     inputs = [helper.make_tensor_value_info(x, helper.np_dtype_to_tensor_dtype(
@@ -172,6 +177,21 @@ def evaluate_node(node: Node, values: Sequence[np.ndarray], opset: int) -> list[
     results = ReferenceEvaluator(model).run(None, {x: np.asarray(v)
                                                    for x, v in zip(names, values)})
     return [np.asarray(r) for r in results]
+
+
+def _dequantized(values: Sequence[np.ndarray], axis: int) -> np.ndarray:
+    """``(float(x) - float(zero_point)) * scale`` in the scale's type (as the lowering
+    computes it: :mod:`.onnx_ops_quant`), the scale and zero point per
+    tensor or per slice along ``axis`` (ONNX's DequantizeLinear without blocks)."""
+    x = np.asarray(values[0])
+    scale = np.asarray(values[1])
+    zero = np.asarray(values[2]) if len(values) > 2 else np.zeros((), x.dtype)
+    shape = [1] * x.ndim
+    if scale.size > 1 or zero.size > 1:
+        shape[axis % x.ndim] = -1
+    dt = scale.dtype  # each operand rounded to it, as the lowering computes it
+    centred = x.astype(dt) - zero.astype(dt).reshape(shape if zero.size > 1 else ())
+    return (centred * scale.reshape(shape if scale.size > 1 else ())).astype(dt)
 
 
 # -- passes -----------------------------------------------------------------------------
@@ -976,12 +996,38 @@ def fusion_groups(graph: Graph, max_size: int = MAX_GROUP) -> list[list[Node]]:
                 target = g
                 break
         if target is None:
-            groups.append([n])
+            groups.append([])
             target = len(groups) - 1
             open_[target] = n.op_type in ANCHOR_OPS or n.op_type in ELEMENTWISE_OPS
-        else:
-            groups[target].append(n)
+        if n.op_type in ELEMENTWISE_OPS:
+            for p in _pulled(n, graph, users, groups, group_of, target, max_size):
+                groups[group_of[p.outputs[0]]].remove(p)
+                groups[target].append(p)
+                group_of[p.outputs[0]] = target
+        groups[target].append(n)
         for o in n.outputs:
             if o:
                 group_of[o] = target
-    return groups
+    return [g for g in groups if g]
+
+
+def _pulled(n: Node, graph: Graph, users: Mapping[str, list[Node]], groups: list[list[Node]],
+            group_of: Mapping[str, int], target: int, max_size: int) -> list[Node]:
+    """The producers of ``n``'s inputs that move into ``n``'s group (``target``): each an
+    elementwise node alone in its group, whose output only ``n`` reads, is no graph
+    output and has ``n``'s shape (no broadcast: each element computed once). Its value
+    is then computed where ``n`` reads it instead of going through memory: a QDQ
+    model's residual sum reads the shortcut's uint8 tensor, not its float32 copy."""
+    out = []
+    for x in dict.fromkeys(n.inputs):
+        g = group_of.get(x)
+        if g is None or g == target or len(groups[g]) != 1 or x in graph.outputs:
+            continue
+        p = groups[g][0]
+        if p.op_type not in ELEMENTWISE_OPS or len(users.get(x, [])) != 1 \
+                or any(o for o in p.outputs[1:]) \
+                or graph.tensors[x].shape != graph.tensors[n.outputs[0]].shape \
+                or len(groups[target]) + len(out) + 2 > max_size:
+            continue
+        out.append(p)
+    return out

@@ -370,14 +370,15 @@ def test_fusion_groups_size_limit_and_graph_outputs():
 
 def test_fusion_groups_respect_topological_order():
     """An elementwise node joins its producer's group only if its other inputs are
-    computed no later."""
+    computed no later; a producer alone in its group whose only reader it is moves into
+    the reader's group instead (``a``, computed where ``add`` reads it)."""
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="a"),
              helper.make_node("Softmax", ["x"], ["s"], name="s"),
              helper.make_node("Add", ["a", "s"], ["y"], name="add")]
     model = make_model(nodes, [("x", F, (2, 3))], [("y", F, None)])
     graph = load_graph(model)
     groups = P.fusion_groups(graph)
-    assert [[n.name for n in g] for g in groups] == [["a"], ["s"], ["add"]]
+    assert [[n.name for n in g] for g in groups] == [["s"], ["a", "add"]]
     x = rand((2, 3))
     (got,) = run_program(lower_graph(graph), {"x": x})
     np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
@@ -446,3 +447,46 @@ def test_lowering_bug_is_an_internal_error(monkeypatch):
                        [("x", F, (2, 3))], [("y", F, None)])
     with pytest.raises(InternalError, match=r"(?s)'broken' \(Relu\).*def k0_broken"):
         compile_model(model)
+
+
+def test_fusion_groups_pull_only_single_reader_same_shape_producers():
+    """A producer read twice, a graph output or a broadcast one stays in its group."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="a"),        # read twice
+             helper.make_node("Neg", ["x"], ["b"], name="b"),         # a graph output
+             helper.make_node("Exp", ["v"], ["c"], name="c"),         # broadcast (3,)
+             helper.make_node("Softmax", ["x"], ["s"], name="s"),
+             helper.make_node("Add", ["s", "a"], ["t"], name="t"),
+             helper.make_node("Add", ["t", "b"], ["u"], name="u"),
+             helper.make_node("Mul", ["u", "c"], ["w"], name="w"),
+             helper.make_node("Sub", ["w", "a"], ["y"], name="y")]
+    model = make_model(nodes, [("x", F, (2, 3)), ("v", F, (3,))], [("y", F, None), ("b", F, None)])
+    graph = load_graph(model)
+    groups = [[n.name for n in g] for g in P.fusion_groups(graph)]
+    assert ["a"] in groups and ["b"] in groups and ["c"] in groups, groups
+    feeds = {"x": rand((2, 3)), "v": rand((3,))}
+    got = run_program(lower_graph(graph), feeds)
+    for g, w in zip(got, reference(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opset", [13, 21])
+def test_dequantized_weights_are_folded(opset):
+    """A DequantizeLinear of constant weights (per output channel) folds at compile time
+    at every opset, onnx's reference evaluator having none before opset 19; the folded
+    values are those the lowering computes (float32 operands, then the product)."""
+    rng = np.random.default_rng(5)
+    w = rng.integers(-128, 128, (6, 4)).astype(np.int8)
+    scale = rng.uniform(0.01, 0.1, 6).astype(np.float32)
+    zero = rng.integers(-5, 5, 6).astype(np.int8)
+    nodes = [helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wf"], axis=0),
+             helper.make_node("MatMul", ["x", "wf"], ["y"])]
+    model = make_model(nodes, [("x", F, (3, 6))], [("y", F, None)],
+                       [("w", w), ("s", scale), ("z", zero)], opset=opset)
+    graph = P.optimize_graph(load_graph(model))
+    assert not any(n.op_type == "DequantizeLinear" for n in graph.nodes)
+    folded = next(v for k, v in graph.constants.items() if v.shape == (6, 4))
+    want = (w.astype(np.float32) - zero.astype(np.float32)[:, None]) * scale[:, None]
+    np.testing.assert_array_equal(folded, want)
+    x = rand((3, 6))
+    (got,) = run_program(lower_graph(graph), {"x": x})
+    np.testing.assert_allclose(got, x @ want, rtol=1e-5, atol=1e-6)

@@ -187,3 +187,21 @@ def test_cuda_target_not_packed(small_thresholds):
     a, b = random_inputs([((20, 30), "float32"), ((30, 200), "float32")], 0)
     assert_matches_numpy(op(a, b), a @ b, **TOL)
     assert "_packed" not in op.cuda_source
+
+
+def test_onnx_matmul_of_two_inputs_is_packed(small_thresholds, tmp_path):
+    """A model's MatMul whose B is a graph input (no constant to lay out at compile time)
+    is packed at run time; the model's step schedule is the packed kernel's."""
+    from onnx import TensorProto, helper
+    node = helper.make_node("MatMul", ["a", "b"], ["y"])
+    g = helper.make_graph([node], "mm",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, (3, 40, 37)),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT, (3, 37, 150))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    a, b = random_inputs([((3, 40, 37), "float32"), ((3, 37, 150), "float32")], 2)
+    for opts in (dict(), dict(threads=2)):
+        m = polyc.compile_onnx(model, options=polyc.Options(cache_dir=str(tmp_path), **opts))
+        assert "_packed[" in m.c_source
+        assert_matches_numpy(m.run(None, {"a": a, "b": b})[0], a @ b, **TOL)
