@@ -91,6 +91,19 @@ def _called(x: Piece, fn: str) -> Piece | None:
     return Piece(text[len(fn) + 1:-1])
 
 
+#: helpers that map a value of any float format to a value of the same format (relu:
+#: 0 or the value itself), so a rounding of their result to it changes nothing
+_FORMAT_PRESERVING = ("polyc_reluf",)
+
+
+def _rounded(x: Piece, fn: str) -> bool:
+    """Whether ``x`` is a value already rounded by ``fn``: ``fn(y)``, or ``relu(fn(y))``."""
+    if _called(x, fn) is not None:
+        return True
+    args = [_called(x, g) for g in _FORMAT_PRESERVING]
+    return any(a is not None and _called(a, fn) is not None for a in args)
+
+
 def _conversion(dtype: str) -> str | None:
     """The tag of a float type's conversion helpers (``polyc_<tag>_load``/``_store``)."""
     if D.get(dtype).minifloat:
@@ -207,7 +220,7 @@ def cast(dtype: str, x: Piece) -> Piece:
         return binary("!=", x, Piece("0"))
     d = D.get(dtype)
     if d.minifloat or d.storage_only:  # rounded to the type, held as a float (once)
-        return x if _called(x, _rounding(dtype)) else call(_rounding(dtype), x)
+        return x if _rounded(x, _rounding(dtype)) else call(_rounding(dtype), x)
     if d.is_int and d.bits < 8:  # int4, uint2...: wrapped to their bits, one per byte
         mask, sign = (1 << d.bits) - 1, 1 << (d.bits - 1)
         if d.kind == "u":
@@ -581,7 +594,27 @@ static inline uint16_t polyc_f16_store(float x)
   return (uint16_t)(o | (sign >> 16));
 }""",
     "polyc_round_f16": """\
-static inline float polyc_round_f16(float x) { return polyc_f16_load(polyc_f16_store(x)); }""",
+/* a float rounded to the nearest float16 (ties to even), kept in a float: the same bits
+   as polyc_f16_load(polyc_f16_store(x)) for every float (checked over all 2^32), in a
+   third of the operations. Adding s, the power of two whose float ulp is x's float16
+   ulp (2^-24 at the least: float16's subnormals), rounds x there; a magnitude from
+   65520 on is infinity, a NaN the quiet NaN */
+static inline float polyc_round_f16(float x)
+{
+  uint32_t u, rb;
+  memcpy(&u, &x, sizeof u);
+  const uint32_t sign = u & 0x80000000u, a = u ^ sign, e = a & 0x7f800000u;
+  const uint32_t sb = (e > (113u << 23) ? e : (113u << 23)) + (13u << 23);
+  float s, ax;
+  memcpy(&s, &sb, sizeof s);
+  memcpy(&ax, &a, sizeof ax);
+  const float r = (ax + s) - s;
+  memcpy(&rb, &r, sizeof rb);
+  rb = a >= 0x477ff000u ? (a > 0x7f800000u ? 0x7fc00000u : 0x7f800000u) : rb;
+  rb |= sign;
+  memcpy(&x, &rb, sizeof x);
+  return x;
+}""",
     "polyc_bf16_load": """\
 /* bfloat16: the high half of a float's bits; rounded to nearest even, NaN kept */
 static inline float polyc_bf16_load(uint16_t h)

@@ -353,3 +353,45 @@ def test_qdq_convolution_is_exact(c_in, relu, dot, monkeypatch):
     want = ReferenceEvaluator(fused).run(None, {"x": x})[0]
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(got, want)
+
+
+def _float32_edge_cases() -> np.ndarray:
+    """Every float16 value and its float32 neighbours (one and two ulps either side, the
+    midpoints to the next float16 and theirs), the specials, and random bit patterns."""
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    f = h[np.isfinite(h)].astype(np.float32)
+    with np.errstate(over="ignore"):  # 65504's next is infinity
+        nxt = np.nextafter(h[np.isfinite(h)], np.float16(np.inf)).astype(np.float32)
+    mid = ((f.astype(np.float64) + nxt.astype(np.float64)) / 2).astype(np.float32)
+    bits = np.concatenate([f.view(np.uint32), mid.view(np.uint32)])
+    around = (bits[:, None].astype(np.int64) + np.arange(-2, 3)[None, :]).reshape(-1)
+    rng = np.random.default_rng(11)
+    randoms = rng.integers(0, 1 << 32, 1 << 18, dtype=np.int64)
+    specials = np.array([np.inf, -np.inf, np.nan, 65504, 65519.996, 65520, 65536, 1e30,
+                         -1e-45, 1e-45, 2.0**-25, 2.0**-24, 3 * 2.0**-26, 0.0, -0.0],
+                        np.float32).view(np.uint32)
+    out = np.concatenate([around % (1 << 32), randoms, specials]).astype(np.uint32)
+    return out.view(np.float32)
+
+
+def test_rounding_to_float16_is_numpys_bit_for_bit():
+    """The float-to-float16 rounding (``polyc_round_f16``; a relu of a rounded value is
+    not rounded again) against numpy's, bit for bit, over every float16 boundary, the
+    specials and random floats -- in C and in the CUDA target (emulated)."""
+    src = """
+def r(float(N) X) -> (Y, Z) {
+  Y(i) = float(float16(X(i)))
+  Z(i) = float16(relu(float16(X(i) * 3.0)))
+}"""
+    x = _float32_edge_cases()
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_y = x.astype(np.float16).astype(np.float32)
+        want_z = np.maximum((x * np.float32(3.0)).astype(np.float16), np.float16(0))
+    for target in ("c", "cuda"):
+        y, z = polyc.define(src, target=target, emulate=target == "cuda")(x)
+        assert np.array_equal(np.isnan(y), np.isnan(want_y))
+        ok = ~np.isnan(want_y)
+        np.testing.assert_array_equal(y[ok].view(np.uint32), want_y[ok].view(np.uint32))
+        okz = ~np.isnan(want_z)
+        assert np.array_equal(np.isnan(z), ~okz)
+        np.testing.assert_array_equal(z[okz].view(np.uint16), want_z[okz].view(np.uint16))

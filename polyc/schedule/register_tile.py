@@ -673,10 +673,14 @@ def epilogue_of(mark: isl.ScheduleNode, kernel: Kernel) -> str:
     e = touching[0]
     if e.op != "=" or e.write.array == a.name or not e.write.is_affine:
         return ""
-    if kernel.array(e.write.array).dtype != a.dtype and not mark_quad(name):
+    out_dtype = kernel.array(e.write.array).dtype
+    if out_dtype != a.dtype and not mark_quad(name) \
+            and not (D.get(out_dtype).storage_only and D.get(out_dtype).compute == a.dtype):
         # a conversion (int32 sums requantized to uint8 in double) ran 7% slower at the
         # copy-out of a dot-product tile than in its own vectorized pass (ResNet-50 int8);
-        # a byte dot product's column tile saves its sums' passes over memory
+        # a byte dot product's column tile saves its sums' passes over memory, and a
+        # float16 store (the float32 sums rounded, a few bit operations) its own pass
+        # over them (ResNet-50 float16: each residual block's sums went through memory)
         return ""
     order = [t.name for t in kernel.statements]
     written = {t.write.array for t in kernel.statements}
