@@ -819,7 +819,47 @@ def contractions_in_float(graph: Graph, stats: Counter | None = None) -> Graph:
     if not changed:
         return graph
     stats["half_in_float"] += changed
-    return _replace(graph, nodes=nodes, tensors=tensors)
+    return _pools_in_float(_replace(graph, nodes=nodes, tensors=tensors))
+
+
+def _pools_in_float(graph: Graph) -> Graph:
+    """A MaxPool on float16 (bfloat16) whose every reader widens its result to float32
+    runs on float32 instead, reading its input widened: ``Cast(MaxPool(x))`` becomes
+    ``MaxPool(Cast(x))``. The same values (the maximum of values of the format is one of
+    them, and -inf pads both), but the widening joins the producer's kernel -- a float16
+    Conv computed in float32 (:func:`contractions_in_float`) then stores its rounded
+    float32 result -- and the pool reads floats instead of converting each of its
+    window's elements (ResNet-50 float16's stem pool: 2.2 ms, 0.35 in float32)."""
+    users = consumers(graph)
+    tensors = dict(graph.tensors)
+    names = {n.name for n in graph.nodes}
+    nodes: list[Node] = []
+    renames: dict[str, str] = {}
+    widened: set[str] = set()  # the Casts a pool now writes in their place
+    for n in graph.nodes:
+        if n.name in widened:
+            continue
+        y = n.outputs[0] if n.outputs else ""
+        readers = users.get(y, [])
+        if n.op_type != "MaxPool" or len(n.outputs) != 1 or y in graph.outputs \
+                or tensors[y].dtype not in ("float16", "bfloat16") or not readers \
+                or not all(r.op_type == "Cast" and int(r.attr("to", 0)) == onnx.TensorProto.FLOAT
+                           and r.outputs[0] not in graph.outputs for r in readers):
+            nodes.append(n)
+            continue
+        x = n.inputs[0]
+        wide = _fresh(f"{x}_f32", tensors)
+        tensors[wide] = TensorInfo(wide, "float32", tensors[x].shape)
+        name = _fresh(f"{n.name}_widen", names)
+        names.add(name)
+        out = readers[0].outputs[0]
+        nodes += [Node(name, "Cast", (x,), (wide,), {"to": onnx.TensorProto.FLOAT}),
+                  _with(n, inputs=(wide,), outputs=(out,))]
+        widened |= {r.name for r in readers}
+        renames.update({r.outputs[0]: out for r in readers[1:]})
+    if renames:
+        nodes = _rename_inputs(nodes, renames)
+    return eliminate_dead_nodes(_replace(graph, nodes=nodes, tensors=tensors))
 
 
 def _qdq_conv(graph: Graph, conv: Node, made: Mapping[str, Node],

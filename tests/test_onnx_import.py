@@ -18,6 +18,7 @@ from test_onnx_ops_math import (
     run_program,
 )
 
+import polyc
 from polyc.errors import CompileError
 from polyc.frontend import onnx_passes as P
 from polyc.frontend.onnx_graph import REGISTRY, UnsupportedOpError, View
@@ -490,3 +491,37 @@ def test_dequantized_weights_are_folded(opset):
     x = rand((3, 6))
     (got,) = run_program(lower_graph(graph), {"x": x})
     np.testing.assert_allclose(got, x @ want, rtol=1e-5, atol=1e-6)
+
+
+def test_float16_pool_between_convolutions_runs_in_float(monkeypatch):
+    """A float16 MaxPool whose result only the next Conv reads (widened, as float16
+    convolutions run in float32) pools the widened values: no MaxPool on float16 is
+    left, and the result is, bit for bit, the one of pooling the float16 values."""
+    rng = np.random.default_rng(8)
+    w1 = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float16)
+    w2 = (rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float16)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p", "w2"], ["y"])]
+    f16 = TensorProto.FLOAT16
+    graph_proto = helper.make_graph(
+        nodes, "pool", [helper.make_tensor_value_info("x", f16, (1, 3, 11, 9))],
+        [helper.make_tensor_value_info("y", f16, None)],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=8)
+    x = rng.standard_normal((1, 3, 11, 9)).astype(np.float16)
+    graph = P.optimize_graph(load_graph(model))
+    pools = [n for n in graph.nodes if n.op_type == "MaxPool"]
+    assert pools and all(graph.tensors[n.inputs[0]].dtype == "float32" for n in pools)
+    (got,) = polyc.compile_onnx(model).run(None, {"x": x})
+    monkeypatch.setattr(P, "_pools_in_float", lambda g: g)
+    plain = P.optimize_graph(load_graph(model))
+    assert any(plain.tensors[n.inputs[0]].dtype == "float16"
+               for n in plain.nodes if n.op_type == "MaxPool")
+    (want,) = polyc.compile_onnx(model).run(None, {"x": x})
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got.astype(np.float32), reference(model, {"x": x})[0]
+                               .astype(np.float32), rtol=2e-2, atol=2e-2)
