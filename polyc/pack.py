@@ -36,7 +36,8 @@ from . import expr as E
 from .errors import ScheduleError
 from .ir import Access, Array, Kernel, Statement, params_prefix
 from .options import Options
-from .rewrite import _fresh_array, _insert, _rebuilt, fresh_statement
+from .rewrite import fresh_array, fresh_statement, replace_statement
+from .schedule import machine, register_tile
 
 #: rows of the result that must reuse each packed element (the copy's cost amortised)
 MIN_ROWS = 128
@@ -46,7 +47,6 @@ MIN_BYTES_L2_FRACTION = 2
 
 def pack_operands(kernel: Kernel, options: Options) -> Kernel:
     """``kernel`` with the operands of its large contractions packed (module doc)."""
-    from .schedule import machine, register_tile
     if not (options.pack and options.target == "c" and options.tile is not False
             and options.register_tile is not False) \
             or len(kernel.fixed_sizes) != len(kernel.sizes):
@@ -70,15 +70,6 @@ def pack_operands(kernel: Kernel, options: Options) -> Kernel:
             continue
 
 
-def _extent(s: Statement, kernel: Kernel, it: str) -> int | None:
-    from .schedule.register_tile import extent
-    return extent(s, kernel, it)
-
-
-def _sizes(kernel: Kernel) -> dict[str, int]:
-    return dict(kernel.fixed_sizes)
-
-
 def _candidate(kernel: Kernel, s: Statement, nr: int, l2: int
                ) -> tuple[str, str, int] | None:
     """``(n, B, NR)`` when ``s`` is a ``+`` contraction whose write ends in iterator
@@ -94,6 +85,11 @@ def _candidate(kernel: Kernel, s: Statement, nr: int, l2: int
         return None
     reds = set(s.reduction_iterators)
     order = [t.name for t in kernel.statements]
+    first = order.index((_init_of(kernel, s) or s).name)
+    sizes = dict(kernel.fixed_sizes)
+    cols = register_tile.extent(s, kernel, n)
+    if cols is None or cols <= nr:
+        return None
     for b in sorted({r.array for r in E.reads(s.value)}):
         arr = kernel.array(b)
         reads = [r for r in E.reads(s.value) if r.array == b]
@@ -103,21 +99,16 @@ def _candidate(kernel: Kernel, s: Statement, nr: int, l2: int
                 or not any(E.free_names(i)[0] & reds for i in r.indices[:-1])
                 for r in reads):
             continue
-        init = _init_of(kernel, s)
-        first = order.index((init or s).name)
         if any(order.index(t.name) >= first for t in kernel.statements if t.write.array == b):
             continue  # written after (or just before) the contraction: not a plain operand
-        cols = _extent(s, kernel, n)
-        width = E.evaluate(arr.shape[-1], _sizes(kernel))
-        if cols is None or cols <= nr or width <= nr:
+        if E.evaluate(arr.shape[-1], sizes) <= nr:
             continue
         rows = 1
         used = set().union(*(E.free_names(i)[0] for r in reads for i in r.indices))
         for it in s.iterators:
             if it != n and it not in reds and it not in used:
-                rows *= _extent(s, kernel, it) or 1
-        nbytes = D.itemsize(arr.dtype) * math.prod(
-            E.evaluate(x, _sizes(kernel)) for x in arr.shape)
+                rows *= register_tile.extent(s, kernel, it) or 1
+        nbytes = D.itemsize(arr.dtype) * math.prod(E.evaluate(x, sizes) for x in arr.shape)
         if rows >= MIN_ROWS and nbytes * MIN_BYTES_L2_FRACTION >= l2:
             return n, b, nr
     return None
@@ -137,8 +128,8 @@ def _packed(kernel: Kernel, s: Statement, n: str, b: str, nr: int) -> Kernel:
     """``kernel`` with ``B`` copied into ``B_packed(nb, .., ni)`` before ``s`` and ``s``
     (with its initialisation just before it) iterating over ``nb, ni`` instead of ``n``."""
     arr = kernel.array(b)
-    width = E.evaluate(arr.shape[-1], _sizes(kernel))
-    packed = _fresh_array(kernel, f"{b}_packed")
+    width = E.evaluate(arr.shape[-1], dict(kernel.fixed_sizes))
+    packed = fresh_array(kernel, f"{b}_packed")
     shape = (E.Const(-(-width // nr)),) + arr.shape[:-1] + (E.Const(nr),)
     # the copy: packed(nb, d.., ni) = B(d.., nr * nb + ni) over B's elements
     copy_name = fresh_statement(kernel, s.name)
@@ -162,15 +153,12 @@ def _packed(kernel: Kernel, s: Statement, n: str, b: str, nr: int) -> Kernel:
     new_s = _split(replace(s, value=E.map_expr(s.value, read)), n, nb, ni, nr)
     init = _init_of(kernel, s)
     if init is None:
-        stmts, order = _insert(kernel, s.name, [copy], [new_s], [])
-        return _rebuilt(kernel, stmts, order, arrays)
+        return replace_statement(kernel, s.name, [copy], [new_s], arrays)
     m = init.write.indices[-1].name
     taken = _names(kernel, init)
     new_init = _split(init, m, _fresh(f"{m}_blk", taken), _fresh(f"{m}_in", taken), nr)
-    stmts, order = _insert(kernel, init.name, [copy], [new_init], [])
-    kernel = _rebuilt(kernel, stmts, order, arrays)
-    stmts, order = _insert(kernel, s.name, [], [new_s], [])
-    return _rebuilt(kernel, stmts, order, arrays)
+    kernel = replace_statement(kernel, init.name, [copy], [new_init], arrays)
+    return replace_statement(kernel, s.name, [], [new_s], arrays)
 
 
 def _column(nr: int, nb: str, ni: str) -> E.Expr:

@@ -50,7 +50,7 @@ def fresh_statement(kernel: Kernel, base: str, taken: set[str] | None = None) ->
     return f"{base}_{k}"
 
 
-def _fresh_array(kernel: Kernel, base: str) -> str:
+def fresh_array(kernel: Kernel, base: str) -> str:
     names = {a.name for a in kernel.arrays}
     out, k = base, 2
     while out in names:
@@ -104,6 +104,16 @@ def _insert(kernel: Kernel, stmt: str, before: list[Statement], replaced: list[S
             new_order[piece.name] = (top + k, *piece.iterators)
             stmts.append(piece)
     return stmts, new_order
+
+
+def replace_statement(kernel: Kernel, stmt: str, before: list[Statement],
+                      replaced: list[Statement], arrays: tuple[Array, ...] | None = None
+                      ) -> Kernel:
+    """``kernel`` with ``stmt`` (a loop nest of its own) replaced by ``before +
+    replaced``, each a nest of its own in that order, and with ``arrays`` (default: its
+    own). Refused (:class:`ScheduleError`) when ``stmt`` shares its loops."""
+    stmts, order = _insert(kernel, stmt, before, replaced, [])
+    return _rebuilt(kernel, stmts, order, arrays)
 
 
 def _renamed(domain: isl.Set, name: str, iterators: tuple[str, ...]) -> isl.Set:
@@ -297,7 +307,7 @@ def cache_read(kernel: Kernel, stmt: str, array: str,
                             "array")
     _alone(kernel, stmt, what)
     name = fresh_statement(kernel, stmt)
-    local = _fresh_array(kernel, f"{array}_local")
+    local = fresh_array(kernel, f"{array}_local")
     iters = tuple(f"i{d}" for d in range(a.rank))
     domain = _footprint(kernel, s, array, name, iters)
     index = tuple(E.Index(i) for i in iters)
@@ -353,7 +363,7 @@ def cache_write(kernel: Kernel, stmt: str) -> tuple[Kernel, str, str]:
         raise ScheduleError(f"{what}: {first} reads an element of {c} that is not written "
                             f"before it{' by its initialisation' if len(group) > 1 else ''}"
                             " (the temporary would start undefined)")
-    local = _fresh_array(kernel, f"{c}_local")
+    local = fresh_array(kernel, f"{c}_local")
     name = fresh_statement(kernel, stmt)
     iters = tuple(f"i{d}" for d in range(a.rank))
     domain = _renamed(written.coalesce(), name, iters).intersect_params(kernel.context)
@@ -396,7 +406,7 @@ def rfactor(kernel: Kernel, stmt: str, loop: str, factor: int) -> tuple[Kernel, 
                             f"(those: {', '.join(s.reduction_iterators) or 'none'})")
     _alone(kernel, stmt, what)
     a = kernel.array(c)
-    rf = _fresh_array(kernel, f"{c}_rf")
+    rf = fresh_array(kernel, f"{c}_rf")
     taken: set[str] = set()
     init_name = fresh_statement(kernel, stmt, taken)
     taken.add(init_name)
