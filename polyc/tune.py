@@ -131,6 +131,21 @@ def estimated_work(kernel: Kernel) -> int:
     return total
 
 
+def instances(kernel: Kernel) -> tuple[int, int] | None:
+    """Statement instances of the reductions and of the other statements (the bounding
+    box of each domain; None where a domain is not bounded by constants)."""
+    red = other = 0
+    for s in kernel.statements:
+        n = _box_volume(s.domain.intersect_params(kernel.context))
+        if n == 0 and not s.domain.is_empty():
+            return None
+        if s.is_reduction:
+            red += n
+        else:
+            other += n
+    return red, other
+
+
 def _box_volume(s: isl.Set) -> int:
     if s.is_empty():
         return 0

@@ -317,3 +317,31 @@ def test_sanitized_model_runs_clean():
     report = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-5000:]}"
     assert done.returncode == 0, report
     assert done.stdout.count("ok ") == 5, report
+
+
+
+def _matmul_model(m, k, n):
+    from onnx import TensorProto, helper
+    io = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "mm",
+                          [io("a", [m, k]), io("b", [k, n])], [io("y", [m, n])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("shape,serial", [((32, 64, 48), True), ((96, 128, 80), False)])
+def test_small_steps_run_on_one_thread(monkeypatch, shape, serial):
+    """A step with fewer reductions than ``polyc.model.SERIAL_REDUCTIONS`` (and few other
+    instances) has no parallel loop at 2 threads; with the threshold at 0 it has one.
+    Both match numpy."""
+    import polyc.model as PM
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(shape[:2]).astype(np.float32)
+    b = rng.standard_normal(shape[1:]).astype(np.float32)
+    model = _matmul_model(*shape)
+    two = polyc.Options(threads=2)
+    for threshold in (PM.SERIAL_REDUCTIONS, 0):
+        monkeypatch.setattr(PM, "SERIAL_REDUCTIONS", threshold)
+        m = polyc.compile_onnx(model, options=two)
+        parallel = "omp parallel for num_threads(2)" in m.c_source
+        assert parallel == (threshold == 0 or not serial)
+        np.testing.assert_allclose(m(a, b)[0], a @ b, rtol=1e-4, atol=1e-4)

@@ -141,7 +141,10 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
         if tile and sizes is not None:
             extents = [cache_blocks.member_extent(node, kernel, i)
                        for i in range(node.band_n_member())]
-            if not parallel_done and options.tile is True:
+            if not parallel_done and options.tile is True and not _is_tiny(node, kernel):
+                # (a band too small for a parallel loop keeps whole tiles: the class
+                # loops of NonMaxSuppression's greedy steps, cut in two, no longer ran
+                # as one vector loop of 16 and one of 4)
                 sizes = _split_for_threads(sizes, extents, tiling.coincident_flags(node),
                                            reg, machine.threads(options.threads))
             node = tiling.tile_band(node, sizes)
