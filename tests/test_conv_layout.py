@@ -81,6 +81,11 @@ SHAPES = [
     (24, 32, 6, 6, 2, 1, 0),
     (16, 192, 7, 9, 3, 1, 1),  # three weight blocks of 64 output channels
     (20, 80, 6, 5, 3, 2, 1),  # five blocks of 16
+    # fewer input channels than a vector, on outputs narrower than one: LeNet-5's second
+    # conv (6 channels, 5x5, 10 columns), a strided stem, one input channel
+    (6, 16, 14, 14, 5, 1, 0),
+    (3, 32, 20, 20, 3, 2, 1),
+    (1, 32, 11, 13, 3, 1, 1),
 ]
 
 
@@ -123,8 +128,9 @@ def test_strided_pointwise_conv_subsamples_then_runs_flat(shape, residual, tmp_c
 
 
 def test_few_channel_convs_stay_nchw():
-    """Fewer input channels than a vector (a stem), or output channels no block fits."""
-    for shape in [(3, 32, 20, 20, 3, 2, 1), (8, 32, 9, 9, 3, 1, 1), (16, 1000, 3, 3, 1, 1, 0)]:
+    """Fewer input channels than a vector on an output at least a vector wide (a stem),
+    a 1x1 one, or output channels no block fits."""
+    for shape in [(3, 32, 40, 40, 3, 2, 1), (8, 32, 9, 9, 1, 1, 0), (16, 1000, 3, 3, 1, 1, 0)]:
         program = lower_onnx(_conv_model(*shape, residual=False))
         assert not any(a.name == "v_yt" for s in program.steps for a in s.kernel.arrays), shape
 
