@@ -29,8 +29,8 @@ layers those copies cost more than the convolutions.
 The rule: a 2-D Conv with constant weights of the input's float type, either dense with
 output channels that block (:func:`channel_block`) and at least a vector of input
 channels (:data:`CHANNEL_MULTIPLE`; a stem Conv over 3 channels on a wide image stays
-NCHW) or a kernel larger than 1x1 on an output narrower than a vector (its NCHW vectors
-would be part empty: LeNet-5's second conv, 6 channels on 10 columns, took 17 us NCHW
+NCHW) or a kernel larger than 1x1 on an output narrower than a vector and than its
+output channels (its NCHW vectors would be emptier: LeNet-5's second conv, 6 channels on 10 columns, took 17 us NCHW
 and 8 us channel-last, the whole model 1.24 -> 0.63 ms), or depthwise (one group per
 channel) over at least a vector of channels.
 
@@ -78,8 +78,9 @@ def wants_nhwc(node: Node, graph: Graph) -> str | None:
     weights of the input's float type, either group 1 with at least a vector of input
     channels (:data:`CHANNEL_MULTIPLE`; a stem over 3 channels stays NCHW) and output
     channels that block (:func:`channel_block`) -- or, with fewer, a kernel past 1x1
-    over an output narrower than a vector --, or one group per channel (depthwise, a
-    channel multiplier of 1) over at least a vector of channels."""
+    over an output narrower than a vector and than its output channels --, or one
+    group per channel (depthwise, a channel multiplier of 1) over at least a vector of
+    channels."""
     if node.op_type != "Conv" or len(node.inputs) < 2:
         return None
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
@@ -93,7 +94,8 @@ def wants_nhwc(node: Node, graph: Graph) -> str | None:
     c, group = graph.tensors[x].shape[1], int(node.attrs.get("group", 1))
     if len(graph.tensors[y].shape) != 4:
         return None
-    narrow = graph.tensors[y].shape[3] < CHANNEL_MULTIPLE and weights[0, 0].size > 1
+    ow = graph.tensors[y].shape[3]
+    narrow = ow < CHANNEL_MULTIPLE and ow < m and weights[0, 0].size > 1
     if group == 1 and (cg >= CHANNEL_MULTIPLE or narrow) and channel_block(m) is not None:
         return "dense"
     if group == c == m and cg == 1 and m >= CHANNEL_MULTIPLE:

@@ -342,15 +342,35 @@ def test_split_for_threads_gives_the_parallel_loop_work():
     got = optimize._split_for_threads([32, 32, 35, 512, 256], [1, 28, 28, 512, 256],
                                       flags, reg, 2)
     assert got == [32, 32, 35, 256, 256]
-    # already two tiles somewhere: unchanged; one thread: unchanged
-    same = [32, 16, 35, 512, 256]
-    assert optimize._split_for_threads(same, [1, 28, 28, 512, 256], flags, reg, 2) == same
+    # already two tiles somewhere: those made even (28 rows as 14 + 14, not 16 + 12);
+    # two even tiles: unchanged; one thread: unchanged
+    got = optimize._split_for_threads([32, 16, 35, 512, 256], [1, 28, 28, 512, 256],
+                                      flags, reg, 2)
+    assert got == [32, 14, 35, 512, 256]
+    assert optimize._split_for_threads(got, [1, 28, 28, 512, 256], flags, reg, 2) == got
     assert optimize._split_for_threads([32, 32, 35, 512, 256], [1, 28, 28, 512, 256],
                                        flags, reg, 1) == [32, 32, 35, 512, 256]
     # the register tile's row member is cut in whole register tiles
     got = optimize._split_for_threads([64, 64], [30, 20], [True, True],
                                       register_tile.Plan("S", "Y", 0, 1, 7, 16, (7, 16)), 2)
     assert got == [21, 64]
+
+
+def test_parallel_tiles_are_balanced():
+    """The parallel loop's tiles: a multiple of the threads, of one size, in whole
+    register tiles (MobileNetV2's 56 rows in tiles of 32 left one thread 24 rows)."""
+    reg = register_tile.Plan("S", "Y", u=2, v=3, mr=14, nr=16, box=(1, 1, 14, 16))
+    flags = [True, True, True, True, False]
+    extents = [56, 1, 56, 144, 24]
+    got = optimize._split_for_threads([32, 1, 56, 16, 24], extents, flags, reg, 2)
+    assert got == [28, 1, 56, 16, 24]
+    # 15 rows in five tiles of 3: tiles of 15 / 6 would not be smaller, so unchanged
+    assert optimize._split_for_threads([3, 1, 56, 16, 24], [15, 1, 56, 144, 24], flags, reg,
+                                       2)[0] == 3
+    # the register tile's rows stay whole: 56 columns of tiles of 14 are left as they are
+    got = optimize._split_for_threads([1, 1, 42, 16, 24], [1, 1, 56, 144, 24], flags, reg, 2)
+    assert got[2] % 14 == 0 and -(-56 // got[2]) % 2 == 0
+    assert optimize._split_for_threads([32, 1, 56, 16, 24], extents, flags, reg, 1)[0] == 32
 
 
 def test_split_for_threads_skips_a_member_it_cannot_cut():
