@@ -30,9 +30,9 @@ The rule: a 2-D Conv with constant weights of the input's float type, either den
 output channels that block (:func:`channel_block`) and at least a vector of input
 channels (:data:`CHANNEL_MULTIPLE`; a stem Conv over 3 channels on a wide image stays
 NCHW) or a kernel larger than 1x1 on an output narrower than a vector and than its
-output channels (its NCHW vectors would be emptier: LeNet-5's second conv, 6 channels on 10 columns, took 17 us NCHW
-and 8 us channel-last, the whole model 1.24 -> 0.63 ms), or depthwise (one group per
-channel) over at least a vector of channels.
+output channels (its NCHW vectors would be emptier: LeNet-5's second conv, 6 channels
+on 10 columns, took 17 us NCHW and 8 us channel-last, the whole model 1.24 -> 0.63 ms),
+or depthwise (one group per channel) over at least a vector of channels.
 
 A strided 1x1 Conv left NCHW over at least :data:`FLAT_PIXELS` output pixels becomes a
 ``Slice`` with steps (the pixels it reads, one cheap copy of ``C*OH*OW`` elements) and
