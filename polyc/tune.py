@@ -136,8 +136,9 @@ def instances(kernel: Kernel) -> tuple[int, int] | None:
     box of each domain; None where a domain is not bounded by constants)."""
     red = other = 0
     for s in kernel.statements:
-        n = _box_volume(s.domain.intersect_params(kernel.context))
-        if n == 0 and not s.domain.is_empty():
+        domain = s.domain.intersect_params(kernel.context)
+        n = _box_volume(domain)
+        if n == 0 and not domain.is_empty():
             return None
         if s.is_reduction:
             red += n

@@ -342,12 +342,9 @@ def test_split_for_threads_gives_the_parallel_loop_work():
     got = optimize._split_for_threads([32, 32, 35, 512, 256], [1, 28, 28, 512, 256],
                                       flags, reg, 2)
     assert got == [32, 32, 35, 256, 256]
-    # already two tiles somewhere: those made even (28 rows as 14 + 14, not 16 + 12);
-    # two even tiles: unchanged; one thread: unchanged
-    got = optimize._split_for_threads([32, 16, 35, 512, 256], [1, 28, 28, 512, 256],
-                                      flags, reg, 2)
-    assert got == [32, 14, 35, 512, 256]
-    assert optimize._split_for_threads(got, [1, 28, 28, 512, 256], flags, reg, 2) == got
+    # already two tiles somewhere: unchanged; one thread: unchanged
+    same = [32, 16, 35, 512, 256]
+    assert optimize._split_for_threads(same, [1, 28, 28, 512, 256], flags, reg, 2) == same
     assert optimize._split_for_threads([32, 32, 35, 512, 256], [1, 28, 28, 512, 256],
                                        flags, reg, 1) == [32, 32, 35, 512, 256]
     # the register tile's row member is cut in whole register tiles
@@ -357,20 +354,46 @@ def test_split_for_threads_gives_the_parallel_loop_work():
 
 
 def test_parallel_tiles_are_balanced():
-    """The parallel loop's tiles: a multiple of the threads, of one size, in whole
+    """The parallel member's tiles: a multiple of the threads, of one size, in whole
     register tiles (MobileNetV2's 56 rows in tiles of 32 left one thread 24 rows)."""
     reg = register_tile.Plan("S", "Y", u=2, v=3, mr=14, nr=16, box=(1, 1, 14, 16))
-    flags = [True, True, True, True, False]
     extents = [56, 1, 56, 144, 24]
-    got = optimize._split_for_threads([32, 1, 56, 16, 24], extents, flags, reg, 2)
-    assert got == [28, 1, 56, 16, 24]
-    # 15 rows in five tiles of 3: tiles of 15 / 6 would not be smaller, so unchanged
-    assert optimize._split_for_threads([3, 1, 56, 16, 24], [15, 1, 56, 144, 24], flags, reg,
-                                       2)[0] == 3
-    # the register tile's rows stay whole: 56 columns of tiles of 14 are left as they are
-    got = optimize._split_for_threads([1, 1, 42, 16, 24], [1, 1, 56, 144, 24], flags, reg, 2)
-    assert got[2] % 14 == 0 and -(-56 // got[2]) % 2 == 0
-    assert optimize._split_for_threads([32, 1, 56, 16, 24], extents, flags, reg, 1)[0] == 32
+    assert optimize._balanced([32, 1, 56, 16, 24], extents, 0, reg, 2) == [28, 1, 56, 16, 24]
+    # 28 rows in 16 + 12: 14 + 14; tiles already even: unchanged; one thread: unchanged
+    assert optimize._balanced([16, 1, 56, 16, 24], [28] + extents[1:], 0, reg, 2)[0] == 14
+    assert optimize._balanced([14, 1, 56, 16, 24], [28] + extents[1:], 0, reg, 2)[0] == 14
+    assert optimize._balanced([32, 1, 56, 16, 24], extents, 0, reg, 1)[0] == 32
+    # the register tile's rows stay whole: 56 columns in tiles of 42 become 28 + 28
+    got = optimize._balanced([1, 1, 42, 16, 24], [1, 1, 56, 144, 24], 2, reg, 2)
+    assert got[2] == 28
+    assert optimize._balanced([32, 1, 56, 16, 24], extents, None, reg, 2)[0] == 32
+    flags = [True, True, True, True, False]
+    assert optimize._default_member([32, 1, 56, 16, 24], extents, flags) == 0
+    assert optimize._default_member([56, 1, 14, 16, 24], extents, flags) == 3
+
+
+@pytest.mark.parametrize("m,serial_split", [(64, "columns"), (1024, "rows")])
+def test_threads_split_the_member_that_shares_least(m, serial_split, tmp_cache):
+    """A MatMul of a 64-row batch by a 784 x 512 constant: the threads split the column
+    blocks (each thread reads half the weights and all of the small input), not the rows
+    (each thread would stream all the weights); with 1024 rows they split the rows.
+    Both match numpy."""
+    k, n = 96, 512
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((k, n)) * 0.1).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+                          [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    c = polyc.compile_onnx(model, options=polyc.Options(threads=2, cache_dir=tmp_cache))
+    np.testing.assert_allclose(c(x)[0], x @ w, rtol=1e-4, atol=1e-4)
+    import re
+    head = re.search(r"omp parallel for num_threads\(2\)\n\s*for \(int64_t c0 = 0; c0 <= (\d+);",
+                     c.c_source)
+    assert head is not None
+    assert int(head.group(1)) == ({"columns": n // 64, "rows": m}[serial_split] - 1)
 
 
 def test_split_for_threads_skips_a_member_it_cannot_cut():

@@ -145,8 +145,14 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                 # (a band too small for a parallel loop keeps whole tiles: the class
                 # loops of NonMaxSuppression's greedy steps, cut in two, no longer ran
                 # as one vector loop of 16 and one of 4)
-                sizes = _split_for_threads(sizes, extents, tiling.coincident_flags(node),
-                                           reg, machine.threads(options.threads))
+                threads = machine.threads(options.threads)
+                flags = tiling.coincident_flags(node)
+                sizes = _split_for_threads(sizes, extents, flags, reg, threads)
+                par = _parallel_member(node, kernel, sizes, extents, flags, reg, threads)
+                if BALANCE_TILES:
+                    sizes = _balanced(sizes, extents, par, reg, threads)
+            else:
+                par = None
             node = tiling.tile_band(node, sizes)
             did_tile = True
             if (not parallel_done and options.parallel and not any(tiling.coincident_flags(node))
@@ -157,7 +163,7 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                 marks_above += 2
                 parallel_done = True
             if not parallel_done:
-                node = _parallel_first(node, sizes, extents)
+                node = _parallel_first(node, sizes, extents, par)
     if not parallel_done and tiling.coincident_flags(node)[0]:
         if not _is_tiny(node, kernel):
             node = node.insert_mark(isl.Id(PARALLEL)).child(0)
@@ -265,10 +271,8 @@ def _split_for_threads(sizes: list[int], extents: list[int | None], flags: list[
     output with one 28-row tile and one 512-channel panel would otherwise run its
     ``parallel`` loop with a single trip (ResNet-50 at 2 threads: 1.1x faster than 1)."""
     trips = [None if e is None else -(-e // t) for e, t in zip(extents, sizes)]
-    if threads < 2:
+    if threads < 2 or any(f and (t or 0) >= threads for f, t in zip(flags, trips)):
         return sizes
-    if any(f and (t or 0) >= threads for f, t in zip(flags, trips)):
-        return _balanced(sizes, extents, flags, reg, threads) if BALANCE_TILES else sizes
     known = [i for i in range(len(sizes)) if flags[i] and (extents[i] or 0) >= 2]
     for best in sorted(known, key=lambda i: -(extents[i] or 0)):
         unit = 1 if reg is None else reg.mr if best == reg.u else reg.nr if best == reg.v \
@@ -282,26 +286,82 @@ def _split_for_threads(sizes: list[int], extents: list[int | None], flags: list[
     return sizes
 
 
+def _default_member(sizes: list[int], extents: list[int | None],
+                    flags: list[bool]) -> int | None:
+    """The member the ``parallel`` loop runs unless told otherwise: the first when it has
+    more than one tile, else the coincident one with the most tiles."""
+    trips = [None if e is None else -(-e // t) for e, t in zip(extents, sizes)]
+    if flags[0] and (trips[0] is None or trips[0] > 1):
+        return 0
+    return max((i for i in range(len(flags)) if flags[i] and (trips[i] or 0) > 1),
+               key=lambda i: trips[i] or 0, default=None)
+
+
+def _parallel_member(node: isl.ScheduleNode, kernel: Kernel, sizes: list[int],
+                     extents: list[int | None], flags: list[bool],
+                     reg: register_tile.Plan | None, threads: int) -> int | None:
+    """The member whose tiles the threads share. For a register-tiled contraction, of
+    the coincident members with a tile per thread, the one that leaves the fewest bytes
+    read by every thread (:func:`_replicated_bytes`: what the threads all read is what
+    that member does not index): MLP's 64-row batch times a 784 x 512 weight matrix
+    split by rows had each thread stream all 1.6 MB of weights, split by column blocks
+    each reads half of them and all of the 200 KB input. Otherwise
+    :func:`_default_member`."""
+    default = _default_member(sizes, extents, flags)
+    trips = [None if e is None else -(-e // t) for e, t in zip(extents, sizes)]
+    cands = [i for i in range(len(flags)) if flags[i] and (trips[i] or 0) >= threads]
+    if not SPLIT_LEAST_SHARED or threads < 2 or reg is None or default not in cands \
+            or len(cands) < 2:
+        return default
+    costs = {i: _replicated_bytes(node, kernel, i) for i in cands}
+    if any(c is None for c in costs.values()):
+        return default
+    return min(cands, key=lambda i: (costs[i], i != default))
+
+
+def _replicated_bytes(node: isl.ScheduleNode, kernel: Kernel, member: int) -> int | None:
+    """Bytes of the arrays read under ``node`` by accesses that do not use ``member``'s
+    iterator (each thread reads all of them when the threads split that member); None
+    when a statement's member is no single iterator or a shape is not a number."""
+    sizes = dict(kernel.fixed_sizes)
+    arrays: set[str] = set()
+    for name, it in member_iterators(node, member).items():
+        if it is None:
+            return None
+        for r in E.reads(kernel.statement(name).value):
+            if not any(it in E.free_names(ix)[0] for ix in r.indices):
+                arrays.add(r.array)
+    total = 0
+    for name in arrays:
+        a = kernel.array(name)
+        n = D.itemsize(a.dtype)
+        for d in a.shape:
+            free = E.free_names(d)
+            if free[0] or not free[1] <= sizes.keys():
+                return None
+            n *= int(E.evaluate(d, {k: sizes[k] for k in free[1]}))
+        total += n
+    return total
+
+
+#: let the threads split the member that leaves them the fewest shared reads
+SPLIT_LEAST_SHARED = True
+
 #: cut the parallel member's tiles into a multiple of the threads, all of one size
 BALANCE_TILES = True
 
 
-def _balanced(sizes: list[int], extents: list[int | None], flags: list[bool],
+def _balanced(sizes: list[int], extents: list[int | None], member: int | None,
               reg: register_tile.Plan | None, threads: int) -> list[int]:
-    """The tiles of the member the ``parallel`` loop will run (the first, else the one
-    :func:`_parallel_first` puts first) made a multiple of ``threads`` tiles of one size
-    (whole register tiles each): MobileNetV2's 56 rows in tiles of 32 gave one thread 32
-    rows and the other 24, which then waited."""
-    trips = [None if e is None else -(-e // t) for e, t in zip(extents, sizes)]
-    if flags[0] and (trips[0] is None or trips[0] > 1):
-        i = 0
-    else:
-        i = max((j for j in range(len(flags)) if flags[j] and (trips[j] or 0) > 1),
-                key=lambda j: trips[j] or 0, default=None)
-    if i is None or extents[i] is None or trips[i] is None:
+    """The tiles of ``member`` (the one the ``parallel`` loop will run) made a multiple
+    of ``threads`` tiles of one size (whole register tiles each): MobileNetV2's 56 rows
+    in tiles of 32 gave one thread 32 rows and the other 24, which then waited."""
+    i = member
+    if threads < 2 or i is None or extents[i] is None:
         return sizes
+    trips = -(-extents[i] // sizes[i])
     unit = 1 if reg is None else reg.mr if i == reg.u else reg.nr if i == reg.v else 1
-    tiles = -(-trips[i] // threads) * threads
+    tiles = -(-trips // threads) * threads
     size = -(-(-(-extents[i] // tiles)) // unit) * unit
     if size >= sizes[i]:
         return sizes
@@ -311,18 +371,14 @@ def _balanced(sizes: list[int], extents: list[int | None], flags: list[bool],
 
 
 def _parallel_first(tiles: isl.ScheduleNode, sizes: list[int],
-                    extents: list[int | None]) -> isl.ScheduleNode:
-    """Put first in the tile band the coincident member with the most tiles, when the
-    first one has a single tile: the ``parallel`` mark goes on the band's first loop, and a
-    one-trip loop (a batch of 1, the 7 rows of a channel-last conv's 7x7 output) would
-    leave the kernel sequential. Tile loops of a permutable band may run in any order."""
+                    extents: list[int | None], member: int | None = None) -> isl.ScheduleNode:
+    """Put ``member`` (None: :func:`_default_member`) first in the tile band: the
+    ``parallel`` mark goes on the band's first loop, and a one-trip loop (a batch of 1,
+    the 7 rows of a channel-last conv's 7x7 output) would leave the kernel sequential.
+    Tile loops of a permutable band may run in any order."""
     flags = tiling.coincident_flags(tiles)
-    trips = [None if e is None else -(-e // t) for e, t in zip(extents, sizes)]
-    if flags[0] and (trips[0] is None or trips[0] > 1):
-        return tiles
-    best = max((i for i in range(len(flags)) if flags[i] and (trips[i] or 0) > 1),
-               key=lambda i: trips[i] or 0, default=None)
-    if best is None:
+    best = _default_member(sizes, extents, flags) if member is None else member
+    if not best:
         return tiles
     return tiling.permute_band(tiles, [best] + [i for i in range(len(flags)) if i != best])
 
