@@ -36,8 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polyc import dtypes as D
-from polyc import expr as E
-from polyc.ir import Kernel
+from polyc.ir import Kernel, fixed_bytes
 from polyc.options import Options
 from polyc.program import Program
 
@@ -116,11 +115,9 @@ def generate_cuda_model(program: Program, gpu_map: GpuMapper, options: Options, 
 
 def _bytes(kernel: Kernel, array: str) -> int:
     """The bytes of one of ``kernel``'s arrays (a model's kernels have constant sizes)."""
-    a = kernel.array(array)
-    n = 1
-    for d in a.shape:
-        n *= E.evaluate(d, dict(kernel.fixed_sizes))
-    return n * D.itemsize(a.dtype)
+    n = fixed_bytes(kernel, array)
+    assert n is not None, f"{kernel.name}: {array} has no constant size"
+    return n
 
 
 def _params(p: model_c.Parts) -> str:

@@ -206,6 +206,20 @@ def default_context(sizes: tuple[str, ...], arrays: tuple[Array, ...]) -> isl.Se
     return isl.Set(f"{params_prefix(sizes)}{{ : {body} }}" if body else "{ : }")
 
 
+def fixed_bytes(kernel: "Kernel", array: str) -> int | None:
+    """The bytes of one of ``kernel``'s arrays under its fixed sizes (None when a
+    dimension is not a number: a size without a fixed value)."""
+    a = kernel.array(array)
+    sizes = dict(kernel.fixed_sizes)
+    n = D.itemsize(a.dtype)
+    for d in a.shape:
+        idx, names = E.free_names(d)
+        if idx or not names <= sizes.keys():
+            return None
+        n *= int(E.evaluate(d, {k: sizes[k] for k in names}))
+    return n
+
+
 def array_box(kernel: "Kernel", array: str) -> isl.Set:
     """``{ array[e..] : 0 <= e_d < extent_d }``: every element of ``array``, in the
     kernel's context."""

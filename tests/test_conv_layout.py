@@ -632,3 +632,17 @@ def test_depthwise_conv_reads_its_padding_through_guards(attrs, tmp_cache):
     cuda = polyc.compile_onnx(model, target="cuda", emulate=True,  # the CUDA target too
                               options=polyc.Options(cache_dir=tmp_cache))
     np.testing.assert_allclose(cuda.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(6, 16, 14, 14, 5, 1, 0), (3, 32, 20, 20, 3, 2, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_narrow_few_channel_conv_on_cuda(shape, tmp_cache):
+    """The few-channel channel-last convs (outputs of 10 columns) on the CUDA target too,
+    through the CPU emulation, against onnxruntime."""
+    model = _conv_model(*shape, residual=True, bias=True)
+    assert any(a.name == "v_yt" for s in lower_onnx(model).steps for a in s.kernel.arrays)
+    feeds = _feeds(model)
+    want = onnxruntime_outputs(model, feeds)[0]
+    m = polyc.compile_onnx(model, options=polyc.Options(cache_dir=tmp_cache), target="cuda",
+                           emulate=True)
+    np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)

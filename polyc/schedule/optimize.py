@@ -44,7 +44,7 @@ import islpy as isl
 
 from .. import dtypes as D
 from .. import expr as E
-from ..ir import Kernel
+from ..ir import Kernel, fixed_bytes
 from ..options import Options
 from . import cache_blocks, machine, register_tile, tiling
 from .vector import member_iterators, stride_score
@@ -270,7 +270,7 @@ def _split_for_threads(sizes: list[int], extents: list[int | None], flags: list[
     ``threads`` tiles (whole register tiles each): a channel-last conv over a 28x28
     output with one 28-row tile and one 512-channel panel would otherwise run its
     ``parallel`` loop with a single trip (ResNet-50 at 2 threads: 1.1x faster than 1)."""
-    trips = [None if e is None else -(-e // t) for e, t in zip(extents, sizes)]
+    trips = _trips(sizes, extents)
     if threads < 2 or any(f and (t or 0) >= threads for f, t in zip(flags, trips)):
         return sizes
     known = [i for i in range(len(sizes)) if flags[i] and (extents[i] or 0) >= 2]
@@ -286,11 +286,16 @@ def _split_for_threads(sizes: list[int], extents: list[int | None], flags: list[
     return sizes
 
 
+def _trips(sizes: list[int], extents: list[int | None]) -> list[int | None]:
+    """Tiles of each member (None: unknown extent)."""
+    return [None if e is None else -(-e // t) for e, t in zip(extents, sizes)]
+
+
 def _default_member(sizes: list[int], extents: list[int | None],
                     flags: list[bool]) -> int | None:
     """The member the ``parallel`` loop runs unless told otherwise: the first when it has
     more than one tile, else the coincident one with the most tiles."""
-    trips = [None if e is None else -(-e // t) for e, t in zip(extents, sizes)]
+    trips = _trips(sizes, extents)
     if flags[0] and (trips[0] is None or trips[0] > 1):
         return 0
     return max((i for i in range(len(flags)) if flags[i] and (trips[i] or 0) > 1),
@@ -308,7 +313,7 @@ def _parallel_member(node: isl.ScheduleNode, kernel: Kernel, sizes: list[int],
     each reads half of them and all of the 200 KB input. Otherwise
     :func:`_default_member`."""
     default = _default_member(sizes, extents, flags)
-    trips = [None if e is None else -(-e // t) for e, t in zip(extents, sizes)]
+    trips = _trips(sizes, extents)
     cands = [i for i in range(len(flags)) if flags[i] and (trips[i] or 0) >= threads]
     if not SPLIT_LEAST_SHARED or threads < 2 or reg is None or default not in cands \
             or len(cands) < 2:
@@ -323,7 +328,6 @@ def _replicated_bytes(node: isl.ScheduleNode, kernel: Kernel, member: int) -> in
     """Bytes of the arrays read under ``node`` by accesses that do not use ``member``'s
     iterator (each thread reads all of them when the threads split that member); None
     when a statement's member is no single iterator or a shape is not a number."""
-    sizes = dict(kernel.fixed_sizes)
     arrays: set[str] = set()
     for name, it in member_iterators(node, member).items():
         if it is None:
@@ -331,17 +335,8 @@ def _replicated_bytes(node: isl.ScheduleNode, kernel: Kernel, member: int) -> in
         for r in E.reads(kernel.statement(name).value):
             if not any(it in E.free_names(ix)[0] for ix in r.indices):
                 arrays.add(r.array)
-    total = 0
-    for name in arrays:
-        a = kernel.array(name)
-        n = D.itemsize(a.dtype)
-        for d in a.shape:
-            free = E.free_names(d)
-            if free[0] or not free[1] <= sizes.keys():
-                return None
-            n *= int(E.evaluate(d, {k: sizes[k] for k in free[1]}))
-        total += n
-    return total
+    sizes = [fixed_bytes(kernel, a) for a in arrays]
+    return None if None in sizes else sum(sizes)
 
 
 #: let the threads split the member that leaves them the fewest shared reads
