@@ -5,6 +5,8 @@
       -> check      accesses stay in bounds
       -> deps       exact dataflow dependences (isl)
       -> schedule   isl's ILP scheduler under the fusion mode (or the user's schedule)
+      -> fuse       nests that read the same large arrays fused into one outer loop
+                    (C target; checked against the dependences at once)
       -> optimize   band order, tiling, parallel and SIMD marks, register tiles
       -> legality   every dependence and every mark checked against the schedule
       -> storage    folded temporaries, temporaries sharing storage (checked again)
@@ -39,6 +41,7 @@ from .options import Options
 from .pack import pack_operands
 from .printer import show_kernel
 from .widen import widen_accumulators
+from .schedule.fuse import fuse_streams
 from .schedule.optimize import optimize
 from .share import share_storage
 from .schedule.scheduler import compute_schedule
@@ -171,6 +174,7 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     if options.target == "cuda":  # tiled and mapped by polyc.schedule.gpu_map instead
         check.check_schedule(kernel, deps, plain)
         return _folded(Scheduled(kernel, deps, plain))
+    plain = stage("fuse", _fused_streams(plain, kernel, deps, options))
     sched = stage("optimize", optimize(plain, kernel, options))
     try:
         check.check_schedule(kernel, deps, sched)
@@ -185,6 +189,22 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
         except ScheduleError as e2:
             raise InternalError(f"{kernel.name}: isl's schedule is illegal: {e2}") from e2
     return _folded(Scheduled(kernel, deps, sched))
+
+
+def _fused_streams(plain: isl.Schedule, kernel: Kernel, deps: Dependences,
+                   options: Options) -> isl.Schedule:
+    """isl's schedule with the nests that stream the same large arrays fused
+    (:mod:`polyc.schedule.fuse`), when that is legal; else isl's schedule."""
+    fused = fuse_streams(plain, kernel, deps, options)
+    if fused is plain:
+        return plain
+    try:
+        check.check_schedule(kernel, deps, fused)
+    except ScheduleError as e:
+        warnings.warn(PolycWarning(f"{kernel.name}: the fused schedule was refused ({e}); "
+                                   "keeping isl's. Please report this."), stacklevel=3)
+        return plain
+    return fused
 
 
 def prepare_kernel(kernel: Kernel, options: Options | None = None) -> Kernel:

@@ -46,7 +46,7 @@ from .. import dtypes as D
 from .. import expr as E
 from ..ir import Kernel, fixed_bytes
 from ..options import Options
-from . import cache_blocks, machine, register_tile, tiling
+from . import cache_blocks, fuse, machine, register_tile, tiling
 from .vector import member_iterators, stride_score
 
 PARALLEL = "parallel"
@@ -90,17 +90,26 @@ def drop_dead_inits(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
 
 
 def _visit(node: isl.ScheduleNode, kernel: Kernel, options: Options,
-           parallel_done: bool, tile: bool) -> isl.ScheduleNode:
-    """Edit the subtree at ``node``; returns the node at the same position."""
+           parallel_done: bool, tile: bool, fused: int | None = None) -> isl.ScheduleNode:
+    """Edit the subtree at ``node``; returns the node at the same position. ``fused``:
+    the rows of the fused loop above (:mod:`.fuse`), for the bands of its nests."""
+    if node.get_type() == isl.schedule_node_type.mark:
+        rows = fuse.fused_rows(node.mark_get_id().get_name())
+        if rows is not None:  # a fused loop: no parallel loops below it, and its rows
+            node = node.delete()  # are the tiles of its nests' fused member
+            seq = _visit(node.child(0), kernel, options, True, tile, rows)
+            return seq.parent()
     if node.get_type() != isl.schedule_node_type.band:
         for i in range(node.n_children()):
-            node = _visit(node.child(i), kernel, options, parallel_done, tile).parent()
+            node = _visit(node.child(i), kernel, options, parallel_done, tile,
+                          fused).parent()
         return node
-    return _visit_band(node, kernel, options, parallel_done, tile)
+    return _visit_band(node, kernel, options, parallel_done, tile, fused)
 
 
 def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
-                parallel_done: bool, tile: bool) -> isl.ScheduleNode:
+                parallel_done: bool, tile: bool, fused: int | None = None
+                ) -> isl.ScheduleNode:
     marks_above = 0  # marks inserted above ``node``: climb back over them at the end
     skewed = _is_skewed(node)
     inner, simd = _innermost_member(node, kernel) if _is_leaf_band(node) else (None, False)
@@ -113,6 +122,7 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
         if group is not None:  # the lanes, then their bytes (unrolled) innermost
             order = [i for i in order if i not in (group, inner)] + [group, inner]
         node = tiling.permute_band(node, order)
+        fused_at = order.index(0) if fused is not None else None
         vec = None if vec is None else node.band_n_member() - (2 if group is not None else 1)
         reg = register_tile.plan(node, kernel, options, vec)
         if reg is None and inner is not None and not simd:
@@ -138,6 +148,8 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                 k = cache_blocks.member_extent(node, kernel, reg.dot)
                 sizes[reg.dot] = DOT_TILE_REDUCTION if not k else \
                     -(-k // -(-k // DOT_TILE_REDUCTION))
+        if fused_at is not None and sizes is not None:
+            sizes[fused_at] = fused  # one tile per fused iteration
         if tile and sizes is not None:
             extents = [cache_blocks.member_extent(node, kernel, i)
                        for i in range(node.band_n_member())]

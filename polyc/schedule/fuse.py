@@ -1,0 +1,410 @@
+"""Fuse consecutive loop nests that read the same large arrays into one outer loop.
+
+isl's scheduler (under the ``smart`` fusion mode) leaves loop nests apart when fusing
+them would cost a parallel loop: the two products of ``y = A^T (A x)`` (PolyBench's
+atax), or ``s = A^T r`` and ``q = A p`` (bicg), each a sweep over ``A``. When ``A`` does
+not fit in the cache, each sweep streams it from memory again. Fusing the nests' outer
+loops, each nest shifted by a constant, has the later nests read the rows of ``A`` the
+earlier one has just brought in::
+
+    sequence                               mark "fused:T"
+      filter S1: band (i, j)      ==>        band (floor((m_k + shift_k) / T))
+      filter S3: band (j, i)                   sequence
+                                                 filter S1: band (i, j)
+                                                 filter S3: band (i, j)
+
+Each nest keeps its whole band below the fused loop, the fused member first (a
+permutable band may start with any member), so that :mod:`.optimize` chooses its tiles,
+vector loop and register tiles as before; it tiles the fused member by ``T``, one tile
+per fused iteration (the ``fused`` mark says so, and that no loop below is parallel).
+``T`` is a multiple of the rows of every nest's register tile along the fused member
+(atax's ``tmp = A x`` keeps its independent row sums), as many as let a quarter of the
+L2 hold those rows of the arrays read twice (:func:`_rows`).
+
+**Which member, which shift.** A run starts at a nest that reads more of an array than
+the L2 holds (an initialisation does not lead), along one member of its band; the run
+whose fused member walks no large array's contiguous index wins (bicg: ``A``'s rows,
+not its columns), then the one saving the most bytes. Each next nest joins along the
+member that keeps it closest to the run, at most :data:`MAX_SPREAD` iterations away:
+
+* a nest that a dependence from the run reaches is shifted so that every dependence
+  goes forward or stays in one fused iteration (where the sequence orders it);
+* a nest no dependence reaches is aligned with the run on the elements both read (mvt:
+  ``x2 = A^T y2`` walks ``A``'s rows along its ``j``); one that reads nothing of the
+  run's moves before the run (atax's ``y = 0``);
+* a nest that a dependence reaches but no member bounds ends the run.
+
+**When.** Only arrays that no nest of the run writes count: their second reads are what
+the fusion saves. Temporaries passed from nest to nest (the unrolled time steps of a
+Jacobi stencil) do not count: :mod:`polyc.share` already cycles them through two arrays
+that stay in cache, and the fused stencil measured no faster than the separate sweeps.
+The fused loop carries the dependences between the nests, so it is not parallel: it is
+made when one thread reading the arrays once moves fewer bytes than the threads reading
+them in separate nests (on two threads, atax's separate sweeps stay 1.3x faster).
+:func:`polyc.check.check_schedule` verifies the result, as for every schedule.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import islpy as isl
+
+from .. import dtypes as D
+from .. import expr as E
+from ..deps import Dependences
+from ..ir import Kernel, fixed_bytes
+from ..options import Options
+from . import cache_blocks, machine, register_tile, tiling
+from .vector import member_iterators
+
+#: fuse at all (a switch for measurements)
+FUSE_STREAMS = True
+#: the most outer iterations a dependence between two fused nests may span (past it,
+#: what one nest leaves in the cache is gone before the next reads it)
+MAX_SPREAD = 8
+#: the mark above a fused band: ``fused:T``, T the rows of a fused iteration, which the
+#: nests' bands below take as their tile size along the fused member
+FUSED = "fused"
+#: the share of the L2 the rows of one fused iteration may take
+FUSED_L2_FRACTION = 4
+
+
+@dataclass(frozen=True)
+class _Nest:
+    """One child of the top sequence: its statements and its band (None: no band)."""
+    names: frozenset[str]
+    filter: isl.UnionSet
+    band: isl.ScheduleNode | None
+
+
+def fuse_streams(schedule: isl.Schedule, kernel: Kernel, deps: Dependences,
+                 options: Options) -> isl.Schedule:
+    """``schedule`` with runs of consecutive top-level nests fused (see the module doc)."""
+    if not FUSE_STREAMS or options.target != "c":
+        return schedule
+    top = schedule.get_root().child(0)
+    if top.get_type() != isl.schedule_node_type.sequence:
+        return schedule
+    nests = []
+    for i in range(top.n_children()):
+        f = top.child(i)
+        sets: list[isl.Set] = []
+        f.filter_get_filter().foreach_set(sets.append)
+        names = frozenset(s.get_tuple_name() for s in sets)
+        child = f.child(0)
+        band = child if child.get_type() == isl.schedule_node_type.band else None
+        nests.append(_Nest(names, f.filter_get_filter(), band))
+    validity = deps.validity
+    order: list[list[_Nest] | _Nest] = []
+    #: index in ``order`` -> (member, shift) of each nest, rows of a fused iteration
+    fused: dict[int, tuple[list[tuple[int, int]], int]] = {}
+    i = 0
+    while i < len(nests):
+        run, choice, hoisted, j, rows = _best_run(nests, i, validity, kernel, options)
+        if rows is not None:
+            order.extend(hoisted)
+            fused[len(order)] = (choice, rows)
+            order.append(run)
+            i = j
+        else:
+            order.append(nests[i])
+            i += 1
+    if not fused:
+        return schedule
+    return _rebuild(schedule, order, fused, deps)
+
+
+def _best_run(nests: list[_Nest], start: int, validity: isl.UnionMap, kernel: Kernel,
+              options: Options):
+    """Of the runs from ``start`` (one per member of its band that could lead), the one
+    worth fusing that saves the most bytes, preferring a fused member that walks no
+    read's contiguous index (its nests then stream whole rows): the run, its (member,
+    shift) per nest, the nests moved before it, the index after it and its rows (None:
+    no run worth fusing)."""
+    first = nests[start]
+    best, score = ([first], [], [], start + 1, None), None
+    if first.band is None or not _streams(first, kernel):
+        return best  # (an initialisation does not lead: the nest after it may)
+    n = first.band.band_n_member() if first.band.band_get_permutable() else 1
+    for lead in range(n):
+        run, choice, hoisted, j = _longest_run(nests, start, lead, validity, kernel)
+        if len(run) < 2 or not _worth_it(run, kernel, options):
+            continue
+        rows = _rows(run, choice, kernel, options)
+        if rows is None:
+            continue
+        mine = (not _walks_rows(run, choice, kernel), saved_bytes(run, kernel)[1], -lead)
+        if score is None or mine > score:
+            best, score = (run, choice, hoisted, j, rows), mine
+    return best
+
+
+def _streams(nest: _Nest, kernel: Kernel) -> bool:
+    """Whether ``nest`` reads more of some array than the L2 holds."""
+    cache = machine.l2_bytes()
+    return any(_footprint(nest, kernel, a) * D.itemsize(kernel.array(a).dtype) > cache
+               for a in _arrays(nest, kernel))
+
+
+def _walks_rows(run: list[_Nest], choice: list[tuple[int, int]], kernel: Kernel) -> bool:
+    """Whether the fused member is, in some nest, the iterator of the last (contiguous)
+    index of a read of an array larger than the L2."""
+    cache = machine.l2_bytes()
+    for nest, (member, _) in zip(run, choice):
+        for name, it in member_iterators(nest.band, member).items():
+            if it is None:
+                continue
+            for a in kernel.statement(name).reads:
+                if a.indices and it in E.free_names(a.indices[-1])[0] \
+                        and (fixed_bytes(kernel, a.array) or 0) > cache:
+                    return True
+    return False
+
+
+def _longest_run(nests: list[_Nest], start: int, lead: int, validity: isl.UnionMap,
+                 kernel: Kernel) -> tuple[list[_Nest], list[tuple[int, int]], list[_Nest], int]:
+    """The longest run of nests from ``start`` that fuse along member ``lead`` of the
+    first, the (member, shift) of each, the nests moved before it, and the index after
+    it."""
+    first = nests[start]
+    run, choice, hoisted = [first], [(lead, 0)], []
+    outer = _member(first.band, lead)
+    j = start + 1
+    while j < len(nests):
+        nest = nests[j]
+        src = _union(r.filter for r in run)
+        into = validity.intersect_domain(src).intersect_range(nest.filter)
+        reached = not into.is_empty()
+        # a nest no dependence reaches is placed where it reads what the run reads
+        pairs = into if reached else _shared_reads(run, nest, kernel)
+        placed = None if pairs.is_empty() else _place(nest, outer, pairs, reached)
+        if placed is not None:
+            member, shift, upa = placed
+            run.append(nest)
+            choice.append((member, shift))
+            outer = outer.union_add(upa)
+        elif not reached:
+            hoisted.append(nest)
+        else:
+            break
+        j += 1
+    while hoisted and nests[j - 1] is hoisted[-1]:
+        hoisted.pop()  # trailing nests need not move: they stay after the run
+        j -= 1
+    return run, choice, hoisted, j
+
+
+def _union(sets) -> isl.UnionSet:
+    sets = list(sets)
+    out = sets[0]
+    for s in sets[1:]:
+        out = out.union(s)
+    return out
+
+
+def _reads(nest: _Nest, kernel: Kernel, arrays: set[str]) -> isl.UnionMap:
+    """``nest``'s affine reads of ``arrays``, statement instance -> element."""
+    out = None
+    for name in nest.names:
+        s = kernel.statement(name)
+        for a in s.reads:
+            if a.array in arrays and a.is_affine:
+                rel = isl.UnionMap.from_map(a.relation(s.domain))
+                out = rel if out is None else out.union(rel)
+    return out if out is not None else isl.UnionMap.empty(nest.filter.get_space())
+
+
+def _shared_reads(run: list[_Nest], nest: _Nest, kernel: Kernel) -> isl.UnionMap:
+    """Pairs of instances, one of the run and one of ``nest``, that read one element of
+    an array no nest of them writes."""
+    written = {kernel.statement(n).write.array for x in (*run, nest) for n in x.names}
+    shared = _arrays(nest, kernel) & set().union(*(_arrays(r, kernel) for r in run))
+    shared -= written
+    if not shared:
+        return isl.UnionMap.empty(nest.filter.get_space())
+    mine = _reads(nest, kernel, shared)
+    theirs = None
+    for r in run:
+        rel = _reads(r, kernel, shared)
+        theirs = rel if theirs is None else theirs.union(rel)
+    return theirs.apply_range(mine.reverse())
+
+
+def _member(band: isl.ScheduleNode, m: int) -> isl.UnionPwAff:
+    return band.band_get_partial_schedule().get_union_pw_aff(m)
+
+
+def _place(nest: _Nest, outer: isl.UnionPwAff, pairs: isl.UnionMap, ordered: bool
+           ) -> tuple[int, int, isl.UnionPwAff] | None:
+    """The member of ``nest``'s band that keeps the instance pairs ``pairs`` (run ->
+    ``nest``) closest in the fused loop, at most :data:`MAX_SPREAD` iterations apart,
+    with its shift and its shifted schedule; None when there is none. ``ordered``: the
+    pairs are dependences, so the shift puts every sink at or after its source; else
+    it puts them as close as it can."""
+    band = nest.band
+    if band is None:
+        return None
+    members = range(band.band_n_member()) if band.band_get_permutable() else range(1)
+    best = None
+    for m in members:
+        f = _member(band, m)
+        gaps = isl.Set.from_union_set(
+            pairs.apply_domain(isl.UnionMap.from_union_pw_aff(outer))
+            .apply_range(isl.UnionMap.from_union_pw_aff(f)).deltas())
+        low, high = gaps.dim_min_val(0), gaps.dim_max_val(0)
+        if not (low.is_int() and high.is_int()):
+            continue
+        shift = max(0, -low.to_python()) if ordered else -low.to_python()
+        spread = high.to_python() - low.to_python()
+        if spread <= MAX_SPREAD and (best is None or spread < best[2]):
+            best = (m, shift, spread, f)
+    if best is None:
+        return None
+    m, shift, _, f = best
+    return m, shift, _shifted(f, shift)
+
+
+def _shifted(f: isl.UnionPwAff, shift: int) -> isl.UnionPwAff:
+    return f.add(isl.UnionPwAff.val_on_domain(f.domain(), isl.Val.int_from_si(f.get_ctx(), shift)))
+
+
+def _arrays(nest: _Nest, kernel: Kernel) -> set[str]:
+    out: set[str] = set()
+    for name in nest.names:
+        s = kernel.statement(name)
+        out |= {a.array for a in (s.write, *s.reads)}
+    return out
+
+
+def _footprint(nest: _Nest, kernel: Kernel, array: str) -> int:
+    """The elements of ``array`` that ``nest`` reads (0 where unknown)."""
+    touched = None
+    for name in nest.names:
+        s = kernel.statement(name)
+        dom = s.domain.intersect_params(kernel.context)
+        for a in s.reads:
+            if a.array == array and a.is_affine:
+                img = a.relation(dom).range()
+                touched = img if touched is None else touched.union(img)
+    if touched is None:
+        return 0
+    count = touched.project_out(isl.dim_type.param, 0,
+                                touched.dim(isl.dim_type.param)).count_val()
+    return count.to_python() if count.is_int() else 0
+
+
+def saved_bytes(run: list[_Nest], kernel: Kernel) -> tuple[int, int]:
+    """The bytes the run's nests read from arrays no nest of it writes, and those of
+    them read again by a later nest where the array is larger than the L2 (what the
+    fused loop reads from cache instead of memory)."""
+    written = set()
+    for nest in run:
+        written |= {kernel.statement(n).write.array for n in nest.names}
+    cache = machine.l2_bytes()
+    total = saved = 0
+    for a in set().union(*(_arrays(n, kernel) for n in run)) - written:
+        size = fixed_bytes(kernel, a)
+        if size is None:
+            return 0, 0
+        item = D.itemsize(kernel.array(a).dtype)
+        feet = [_footprint(n, kernel, a) * item for n in run]
+        total += sum(feet)
+        big = [f for f in feet if f > cache]
+        if size > cache and len(big) > 1:
+            saved += sum(big) - max(big)
+    return total, saved
+
+
+def _worth_it(run: list[_Nest], kernel: Kernel, options: Options) -> bool:
+    """Whether the run's nests read arrays too large for the cache more than once, by
+    more bytes than the threads the fused loop gives up would make up for."""
+    total, saved = saved_bytes(run, kernel)
+    if saved == 0:
+        return False
+    threads = machine.threads(options.threads) if options.parallel else 1
+    return total > threads * (total - saved)
+
+
+def fused_rows(mark: str) -> int | None:
+    """The rows of a fused loop from its mark's name; None for another mark."""
+    head, _, rows = mark.partition(":")
+    return int(rows) if head == FUSED and rows.isdigit() else None
+
+
+def _rows(run: list[_Nest], choice: list[tuple[int, int]], kernel: Kernel,
+          options: Options) -> int | None:
+    """The values of the fused member one fused iteration runs: a multiple of the rows
+    of every nest's register tile along it (a sum over another member keeps its
+    independent rows), as many as let a quarter of the L2 hold those rows of the arrays
+    read twice; 1 when no nest has such a tile. None when the shifts would cut the
+    register tiles (not multiples of the rows)."""
+    tile = 1
+    for nest, (member, _) in zip(run, choice):
+        band = _fused_first(nest.band, member)
+        flags = [bool(band.band_member_get_coincident(m)) for m in range(band.band_n_member())]
+        for r in range(1, band.band_n_member()):
+            plan = None if flags[r] else register_tile.plan_dot(band, kernel, options, r)
+            if plan is not None and plan.u == 0:
+                tile = math.lcm(tile, plan.mr)
+    if tile == 1:
+        return 1
+    if any(shift % tile for _, shift in choice):
+        return None
+    first = run[0]
+    member = choice[0][0]
+    total, _ = saved_bytes(run, kernel)
+    extent = cache_blocks.member_extent(_fused_first(first.band, member), kernel, 0)
+    per_row = total // max(1, extent or 1) // len(run)
+    return tile * max(1, machine.l2_bytes() // FUSED_L2_FRACTION // max(1, per_row * tile))
+
+
+def _fused_first(band: isl.ScheduleNode, member: int) -> isl.ScheduleNode:
+    if not member:
+        return band
+    n = band.band_n_member()
+    return tiling.permute_band(band, [member] + [m for m in range(n) if m != member])
+
+
+def _rebuild(schedule: isl.Schedule, order: list,
+             fused: dict[int, tuple[list[tuple[int, int]], int]],
+             deps: Dependences) -> isl.Schedule:
+    ctx = schedule.get_ctx()
+    filters = isl.UnionSetList.alloc(ctx, len(order))
+    for part in order:
+        if isinstance(part, list):
+            u = part[0].filter
+            for nest in part[1:]:
+                u = u.union(nest.filter)
+            filters = filters.add(u)
+        else:
+            filters = filters.add(part.filter)
+    top = schedule.get_root().child(0).insert_sequence(filters)
+    for pos in sorted(fused, reverse=True):
+        run, (choice, rows) = order[pos], fused[pos]
+        node = top.child(pos).child(0)  # the run's sequence of nests
+        outer = None
+        for k, (nest, (member, shift)) in enumerate(zip(run, choice)):
+            band = node.child(k).child(0)
+            f = _shifted(_member(band, member), shift)
+            if rows > 1:
+                f = f.scale_down_val(isl.Val.int_from_si(ctx, rows)).floor()
+            outer = f if outer is None else outer.union_add(f)
+            node = _fused_first(band, member).parent().parent()
+        mupa = isl.MultiUnionPwAff.from_union_pw_aff(outer)
+        node = node.insert_partial_schedule(mupa)
+        node = node.band_member_set_coincident(0, int(_zero_distance(node, deps)))
+        node = node.insert_mark(isl.Id(f"{FUSED}:{rows}"))
+        top = node.parent().parent()
+    return top.get_schedule()
+
+
+def _zero_distance(band: isl.ScheduleNode, deps: Dependences) -> bool:
+    """Whether every dependence inside the band's domain has distance 0 on it."""
+    dom = band.get_domain()
+    d = deps.coincidence.intersect_domain(dom).intersect_range(dom)
+    if d.is_empty():
+        return True
+    m = isl.UnionMap.from_union_pw_aff(_member(band, 0))
+    gaps = isl.Set.from_union_set(d.apply_domain(m).apply_range(m).deltas())
+    return gaps.is_subset(isl.Set("{ [0] }").align_params(gaps.get_space()))

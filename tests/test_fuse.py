@@ -1,0 +1,161 @@
+"""Nests that stream the same large array fused into one outer loop
+(:mod:`polyc.schedule.fuse`): the result against numpy, at sizes whose arrays exceed
+any L2 and that are no multiples of the register tiles, under both schedulers; the
+fused loop where one thread runs, the separate nests where two threads would do more."""
+from __future__ import annotations
+
+import islpy as isl
+import numpy as np
+import pytest
+
+import polyc
+from polyc.schedule import fuse, machine
+
+ATAX = """
+def atax(double(M,N) A, double(N) x) -> (y) {
+    tmp(i) +=! A(i,j) * x(j)
+    y(j) +=! A(i,j) * tmp(i)
+}"""
+
+ATAX_F32 = ATAX.replace("double", "float")
+
+#: the second nest reads the first's next row: fused with a shift of one row
+SHIFTED = """
+def shifted(float(N,M) A) -> (T, C) {
+    T(i,j) = A(i,j) * A(i+1,j) where i in 0:N-1, j in 0:M
+    C(i,j) = T(i,j) + 2 * T(i+1,j) - A(i,j) where i in 0:N-2, j in 0:M
+}"""
+
+
+#: the two products share no dependence: the second is placed where it reads the rows of
+#: A the first reads (its member j, A's row index), and the run is led by the first
+#: product's row member i, not its column member j (rows stream, columns would not)
+BICG = """
+def bicg(double(N,M) A, double(M) p, double(N) r) -> (s, q) {
+    s(j) +=! r(i) * A(i,j)
+    q(i) +=! A(i,j) * p(j)
+}"""
+
+MVT = """
+def mvt(double(N) y1, double(N) y2, double(N,N) A) -> (x1, x2) {
+    x1(i) +=! A(i,j) * y1(j)
+    x2(i) +=! A(j,i) * y2(j)
+}"""
+
+
+def _fused_bands(schedule: isl.Schedule) -> list[int]:
+    """The number of statements under each band that has a sequence below it."""
+    found = []
+
+    def visit(node: isl.ScheduleNode) -> bool:
+        if node.get_type() == isl.schedule_node_type.band and node.n_children() \
+                and node.child(0).get_type() == isl.schedule_node_type.sequence:
+            found.append(node.get_domain().n_set())
+        return True
+
+    schedule.get_root().foreach_descendant_top_down(visit)
+    return found
+
+
+def _big(rows: int, itemsize: int) -> int:
+    """Columns making ``rows`` rows larger than 3 L2s."""
+    return 3 * machine.l2_bytes() // (rows * itemsize) + 7
+
+
+@pytest.mark.parametrize("scheduler", ["isl", "pluto"])
+@pytest.mark.parametrize("src,dtype", [(ATAX, np.float64), (ATAX_F32, np.float32)])
+def test_atax_fuses_its_two_sweeps_at_one_thread(src, dtype, scheduler):
+    m = 301
+    n = _big(m, np.dtype(dtype).itemsize)
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((m, n)).astype(dtype)
+    x = rng.standard_normal(n).astype(dtype)
+    want = A.astype(np.float64).T @ (A.astype(np.float64) @ x.astype(np.float64))
+    for threads in (1, 2):
+        op = polyc.define(src, options=polyc.Options(threads=threads, scheduler=scheduler))
+        got = op(A, x)
+        tol = 1e-10 if dtype == np.float64 else 2e-3
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+        fused = _fused_bands(op.compiled_for({"M": m, "N": n}).schedule)
+        if threads == 1:
+            assert fused, "the two sweeps over A share one outer loop"
+        else:  # two threads over the separate sweeps read A faster than one fused
+            assert not fused
+
+
+@pytest.mark.parametrize("scheduler", ["isl", "pluto"])
+def test_shifted_nests_fuse_and_stay_correct(scheduler):
+    n, m = 97, _big(97, 4)
+    A = np.random.default_rng(4).standard_normal((n, m)).astype(np.float32)
+    T = A[:-1] * A[1:]
+    want_c = T[:-1] + 2 * T[1:] - A[:-2]
+    op = polyc.define(SHIFTED, options=polyc.Options(threads=1, scheduler=scheduler))
+    got_t, got_c = op(A)
+    np.testing.assert_allclose(got_t, T, rtol=1e-6)
+    np.testing.assert_allclose(got_c, want_c, rtol=1e-5, atol=1e-5)
+    assert _fused_bands(op.compiled_for({"N": n, "M": m}).schedule)
+
+
+def _fused_along(schedule: isl.Schedule, iterator: str) -> bool:
+    """Whether, in the fused band, each statement over ``i`` and ``j`` takes one value
+    of the fused loop per value of ``iterator`` (the loop runs along it)."""
+    found = []
+
+    def visit(node: isl.ScheduleNode) -> bool:
+        if node.get_type() == isl.schedule_node_type.band and node.n_children() \
+                and node.child(0).get_type() == isl.schedule_node_type.sequence:
+            found.append(node.band_get_partial_schedule_union_map())
+        return True
+
+    schedule.get_root().foreach_descendant_top_down(visit)
+    maps: list[isl.Map] = []
+    found[0].foreach_map(maps.append)
+    two_d = [m for m in maps if m.dim(isl.dim_type.in_) == 2]
+    assert two_d
+    for m in two_d:
+        names = [m.get_dim_name(isl.dim_type.in_, d) for d in range(2)]
+        fixed = m.fix_val(isl.dim_type.in_, names.index(iterator),
+                          isl.Val.int_from_si(m.get_ctx(), 0))
+        if not fixed.range().is_singleton():
+            return False
+    return True
+
+
+@pytest.mark.parametrize("scheduler", ["isl", "pluto"])
+def test_independent_sweeps_fuse_along_the_rows(scheduler):
+    n, m = 211, _big(211, 8)
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((n, m))
+    p, r = rng.standard_normal(m), rng.standard_normal(n)
+    op = polyc.define(BICG, options=polyc.Options(threads=1, scheduler=scheduler))
+    s, q = op(A, p, r)
+    np.testing.assert_allclose(s, A.T @ r, rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(q, A @ p, rtol=1e-10, atol=1e-9)
+    compiled = op.compiled_for({"N": n, "M": m})
+    assert _fused_bands(compiled.schedule)
+    assert _fused_along(compiled.schedule, "i")  # A's rows, not its columns
+
+    k = 2 * machine.l2_bytes() // (8 * 200) + 200
+    rng = np.random.default_rng(8)
+    A = rng.standard_normal((k, k))
+    y1, y2 = rng.standard_normal(k), rng.standard_normal(k)
+    op = polyc.define(MVT, options=polyc.Options(threads=1, scheduler=scheduler))
+    x1, x2 = op(y1, y2, A)
+    np.testing.assert_allclose(x1, A @ y1, rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(x2, A.T @ y2, rtol=1e-10, atol=1e-9)
+    assert _fused_bands(op.compiled_for({"N": k}).schedule)
+
+
+def test_small_arrays_are_not_fused():
+    """Arrays that fit in the cache: the nests keep their own loops (and threads)."""
+    A = np.random.default_rng(5).standard_normal((33, 41))
+    x = np.random.default_rng(6).standard_normal(41)
+    op = polyc.define(ATAX, options=polyc.Options(threads=1))
+    np.testing.assert_allclose(op(A, x), A.T @ (A @ x), rtol=1e-10)
+    assert not _fused_bands(op.compiled_for({"M": 33, "N": 41}).schedule)
+
+
+def test_fused_rows_mark():
+    assert fuse.fused_rows(f"{fuse.FUSED}:39") == 39
+    assert fuse.fused_rows("parallel") is None
+    assert fuse.fused_rows(f"{fuse.FUSED}:x") is None
