@@ -84,8 +84,9 @@ def fuse_streams(schedule: isl.Schedule, kernel: Kernel, deps: Dependences,
     if not FUSE_STREAMS or options.target != "c":
         return schedule
     top = schedule.get_root().child(0)
-    if top.get_type() != isl.schedule_node_type.sequence:
-        return schedule
+    if top.get_type() != isl.schedule_node_type.sequence or not any(
+            (fixed_bytes(kernel, a.name) or 0) > machine.l2_bytes() for a in kernel.arrays):
+        return schedule  # (no array the cache cannot hold: nothing to save)
     nests = []
     for i in range(top.n_children()):
         f = top.child(i)
