@@ -155,7 +155,102 @@ def test_small_arrays_are_not_fused():
     assert not _fused_bands(op.compiled_for({"M": 33, "N": 41}).schedule)
 
 
+def test_min_fusion_keeps_the_nests_apart():
+    m, n = 37, _big(37, 8)
+    A = np.random.default_rng(9).standard_normal((m, n))
+    x = np.random.default_rng(10).standard_normal(n)
+    op = polyc.define(ATAX, options=polyc.Options(threads=1, fusion="min"))
+    np.testing.assert_allclose(op(A, x), A.T @ (A @ x), rtol=1e-10, atol=1e-9)
+    assert not _fused_bands(op.compiled_for({"M": m, "N": n}).schedule)
+
+
 def test_fused_rows_mark():
     assert fuse.fused_rows(f"{fuse.FUSED}:39") == 39
     assert fuse.fused_rows("parallel") is None
     assert fuse.fused_rows(f"{fuse.FUSED}:x") is None
+
+
+@pytest.fixture
+def tiny_l2(monkeypatch):
+    """An L2 of 256 bytes (``POLYC_L2_BYTES``): small kernels take the fused path."""
+    monkeypatch.setenv("POLYC_L2_BYTES", "256")
+    machine.l2_bytes.cache_clear()
+    yield
+    monkeypatch.delenv("POLYC_L2_BYTES")
+    machine.l2_bytes.cache_clear()
+
+
+@pytest.mark.parametrize("m,n", [(1, 1), (2, 3), (13, 7), (27, 40), (40, 27)])
+@pytest.mark.parametrize("scheduler", ["isl", "pluto"])
+def test_fused_at_odd_small_sizes(tiny_l2, m, n, scheduler):
+    """Sizes below, at and past a register tile's rows, each kernel fused."""
+    rng = np.random.default_rng(m * 100 + n)
+    A = rng.standard_normal((m, n))
+    x, y1 = rng.standard_normal(n), rng.standard_normal(m)
+    opts = polyc.Options(threads=1, scheduler=scheduler)
+    atax = polyc.define(ATAX, options=opts)
+    np.testing.assert_allclose(atax(A, x), A.T @ (A @ x), rtol=1e-10, atol=1e-10)
+    s, q = polyc.define(BICG, options=opts)(A, x, y1)
+    np.testing.assert_allclose(s, A.T @ y1, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(q, A @ x, rtol=1e-10, atol=1e-10)
+    if m * n * 8 > 256 and m > 1:
+        assert _fused_bands(atax.compiled_for({"M": m, "N": n}).schedule)
+
+
+def _random_chain(rng) -> str:
+    """Two or three nests over one matrix: row and column sums, products with an
+    earlier nest's result (shifted by a row or not), a shifted elementwise pass."""
+    lines, rows, cols = [], ["r"], ["x"]  # vectors over A's rows (N) and columns (M)
+    for k in range(rng.integers(2, 4)):
+        out = f"O{k}"
+        kind = rng.integers(0, 5)
+        if kind == 0:
+            v = cols[rng.integers(len(cols))]
+            lines.append(f"{out}(i) +=! A(i, j) * {v}(j)")
+            rows.append(out)
+        elif kind == 1:
+            v = rows[rng.integers(len(rows))]
+            lines.append(f"{out}(j) +=! A(i, j) * {v}(i)")
+            cols.append(out)
+        elif kind == 2:
+            v = rows[rng.integers(len(rows))]
+            lines.append(f"{out}(j) +=! A(i + 1, j) * {v}(i) where i in 0:N-1")
+            cols.append(out)
+        elif kind == 3:
+            v = cols[rng.integers(len(cols))]
+            lines.append(f"{out}(i) +=! A(i, j) * {v}(j) + A(i + 1, j) where i in 0:N-1")
+            rows.append(out + "_short")
+        else:
+            lines.append(f"{out}(i, j) = A(i, j) - 2 * A(i + 1, j) where i in 0:N-1")
+    outs = ", ".join(f"O{k}" for k in range(len(lines)))
+    body = "\n    ".join(lines)
+    return (f"def chain(double(N,M) A, double(M) x, double(N) r) -> ({outs}) {{\n"
+            f"    {body}\n}}").replace("_short(i)", "(i)").replace("_short", "")
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_chains_against_the_interpreter(tiny_l2, seed):
+    """Random chains of nests over one matrix, fused or not, against the fuzzers'
+    reference interpreter, under both schedulers, at 1 and 2 threads."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fuzz"))
+    import interp as I
+
+    rng = np.random.default_rng(seed)
+    src = _random_chain(rng)
+    try:
+        (d,) = I.parse(src)
+    except Exception:  # noqa: BLE001 -- a template the interpreter's parser refuses
+        pytest.skip("not parsed")
+    n, m = int(rng.integers(2, 40)), int(rng.integers(1, 40))
+    inputs = [rng.standard_normal((n, m)), rng.standard_normal(m), rng.standard_normal(n)]
+    want, _ = I.run(d, inputs)
+    for scheduler in ("isl", "pluto"):
+        for threads in (1, 2):
+            got = polyc.define(src, options=polyc.Options(threads=threads,
+                                                          scheduler=scheduler))(*inputs)
+            got = got if isinstance(got, tuple) else (got,)
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, np.asarray(w), rtol=1e-9, atol=1e-9,
+                                           err_msg=src)

@@ -81,8 +81,8 @@ class _Nest:
 def fuse_streams(schedule: isl.Schedule, kernel: Kernel, deps: Dependences,
                  options: Options) -> isl.Schedule:
     """``schedule`` with runs of consecutive top-level nests fused (see the module doc)."""
-    if not FUSE_STREAMS or options.target != "c":
-        return schedule
+    if not FUSE_STREAMS or options.target != "c" or options.fusion == "min":
+        return schedule  # (fusion="min" asks for one loop nest per statement)
     top = schedule.get_root().child(0)
     if top.get_type() != isl.schedule_node_type.sequence or not any(
             (fixed_bytes(kernel, a.name) or 0) > machine.l2_bytes() for a in kernel.arrays):
