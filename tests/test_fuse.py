@@ -197,35 +197,31 @@ def test_fused_at_odd_small_sizes(tiny_l2, m, n, scheduler):
         assert _fused_bands(atax.compiled_for({"M": m, "N": n}).schedule)
 
 
+#: nests over one matrix: (statement, the vectors it reads {v} from, where its result
+#: goes): "rows" vectors have N elements (A's rows), "cols" M (A's columns)
+_NESTS = [
+    ("{out}(i) +=! A(i, j) * {v}(j)", "cols", "rows"),
+    ("{out}(j) +=! A(i, j) * {v}(i)", "rows", "cols"),
+    ("{out}(j) +=! A(i + 1, j) * {v}(i) where i in 0:N-1", "rows", "cols"),
+    ("{out}(i) +=! A(i, j) * {v}(j) + A(i + 1, j) where i in 0:N-1", "cols", None),
+    ("{out}(i, j) = A(i, j) - 2 * A(i + 1, j) where i in 0:N-1", None, None),
+]
+
+
 def _random_chain(rng) -> str:
     """Two or three nests over one matrix: row and column sums, products with an
     earlier nest's result (shifted by a row or not), a shifted elementwise pass."""
-    lines, rows, cols = [], ["r"], ["x"]  # vectors over A's rows (N) and columns (M)
+    lines, vectors = [], {"rows": ["r"], "cols": ["x"]}
     for k in range(rng.integers(2, 4)):
-        out = f"O{k}"
-        kind = rng.integers(0, 5)
-        if kind == 0:
-            v = cols[rng.integers(len(cols))]
-            lines.append(f"{out}(i) +=! A(i, j) * {v}(j)")
-            rows.append(out)
-        elif kind == 1:
-            v = rows[rng.integers(len(rows))]
-            lines.append(f"{out}(j) +=! A(i, j) * {v}(i)")
-            cols.append(out)
-        elif kind == 2:
-            v = rows[rng.integers(len(rows))]
-            lines.append(f"{out}(j) +=! A(i + 1, j) * {v}(i) where i in 0:N-1")
-            cols.append(out)
-        elif kind == 3:
-            v = cols[rng.integers(len(cols))]
-            lines.append(f"{out}(i) +=! A(i, j) * {v}(j) + A(i + 1, j) where i in 0:N-1")
-            rows.append(out + "_short")
-        else:
-            lines.append(f"{out}(i, j) = A(i, j) - 2 * A(i + 1, j) where i in 0:N-1")
+        text, reads, result = _NESTS[rng.integers(len(_NESTS))]
+        v = vectors[reads][rng.integers(len(vectors[reads]))] if reads else ""
+        lines.append(text.format(out=f"O{k}", v=v))
+        if result:
+            vectors[result].append(f"O{k}")
     outs = ", ".join(f"O{k}" for k in range(len(lines)))
     body = "\n    ".join(lines)
     return (f"def chain(double(N,M) A, double(M) x, double(N) r) -> ({outs}) {{\n"
-            f"    {body}\n}}").replace("_short(i)", "(i)").replace("_short", "")
+            f"    {body}\n}}")
 
 
 @pytest.mark.parametrize("seed", range(24))
