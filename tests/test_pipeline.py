@@ -170,3 +170,25 @@ def test_flattened_read_starts_a_fusion_group():
     x = np.arange(24, dtype=np.float32).reshape(2, 12)
     np.testing.assert_allclose(flat(x), (x[1] * 2.0 + 1.0).reshape(3, 4))
     np.testing.assert_allclose(aligned(x), x * 2.0 + 1.0)
+
+
+def test_scheduler_budget_stays_off_the_shared_context(monkeypatch):
+    """isl's operation budget is a context's: the budgeted scheduler runs in a private
+    context, so that other threads' isl calls on the kernel's context (a model's steps
+    compiled in parallel) never count against it and fail."""
+    from polyc.schedule import scheduler
+
+    seen = []
+    real = scheduler._isl_schedule
+
+    def spy(kernel, deps, group, whole_component, ctx=None):
+        seen.append((kernel.context.get_ctx().get_max_operations(),
+                     ctx is not None and ctx.get_max_operations()))
+        return real(kernel, deps, group, whole_component, ctx)
+
+    monkeypatch.setattr(scheduler, "_isl_schedule", spy)
+    k = from_tc("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    sched = compute_schedule(k, compute_dependences(k), Options())
+    assert seen and all(shared == 0 and private == scheduler.ISL_OPERATIONS
+                        for shared, private in seen)
+    check.check_schedule(k, compute_dependences(k), sched)

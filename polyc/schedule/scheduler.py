@@ -39,7 +39,6 @@ import contextlib
 import os
 import select
 import signal
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -176,28 +175,22 @@ def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
     return _budgeted(kernel, deps, group, whole_component)
 
 
-_BUDGET_LOCK = threading.Lock()
-
-
 def _budgeted(kernel: Kernel, deps: Dependences, group: list[Statement],
               whole_component: bool) -> isl.Schedule:
     """isl's schedule of ``group`` within :data:`ISL_OPERATIONS`, or the fallbacks of
     the module doc past it."""
-    ctx = kernel.context.get_ctx()
-    # the budget is the context's, shared by every thread: one budgeted call at a time,
-    # and none left set afterwards (restoring an "old" value a concurrent call had set
-    # once left every later isl call of a test worker over budget)
-    with _BUDGET_LOCK:
-        ctx.set_max_operations(ISL_OPERATIONS)
-        ctx.reset_operations()
-        try:
-            return _isl_schedule(kernel, deps, group, whole_component)
-        except isl.Error as e:
-            if "maximal number of operations" not in str(e):
-                raise
-        finally:
-            ctx.set_max_operations(0)
-            ctx.reset_operations()
+    # isl counts operations per context, and every thread's calls on the kernel's
+    # context would count against the budget (a model's steps compiled in parallel
+    # threads: another thread's dependence analysis failed on it): the scheduler runs
+    # in a context of its own, the problem and its answer passed as text
+    private = isl.Context()
+    private.set_max_operations(ISL_OPERATIONS)
+    try:
+        sched = _isl_schedule(kernel, deps, group, whole_component, private)
+        return isl.Schedule.read_from_str(kernel.context.get_ctx(), sched.to_str())
+    except isl.Error as e:
+        if "maximal number of operations" not in str(e):
+            raise
     if len(group) == 1:
         return _source_order(kernel, group[0])
     if kernel.order:  # statements share loops: the source's own order is the legal one
@@ -389,17 +382,25 @@ def _flag_band(node: isl.ScheduleNode, deps: Dependences) -> isl.ScheduleNode:
 
 
 def _isl_schedule(kernel: Kernel, deps: Dependences, group: list[Statement],
-                  whole_component: bool) -> isl.Schedule:
+                  whole_component: bool, ctx: isl.Context | None = None) -> isl.Schedule:
+    """isl's schedule of ``group``, computed in ``ctx`` (the kernel's when None)."""
     names = {s.name for s in group}
     dom = isl.UnionSet.empty(kernel.context.get_space())
     for s in group:
         dom = dom.union(isl.UnionSet.from_set(s.domain))
     dom = dom.intersect_params(kernel.context)
+    parts = (dom, kernel.context, _filter_names(deps.validity, names),
+             _filter_names(deps.coincidence, names), _filter_names(deps.proximity, names))
+    if ctx is not None:
+        dom, context, validity, coincidence, proximity = (
+            type(x).read_from_str(ctx, x.to_str()) for x in parts)
+    else:
+        dom, context, validity, coincidence, proximity = parts
     sc = (isl.ScheduleConstraints.on_domain(dom)
-          .set_context(kernel.context)
-          .set_validity(_filter_names(deps.validity, names))
-          .set_coincidence(_filter_names(deps.coincidence, names))
-          .set_proximity(_filter_names(deps.proximity, names)))
+          .set_context(context)
+          .set_validity(validity)
+          .set_coincidence(coincidence)
+          .set_proximity(proximity))
     ctx = dom.get_ctx()
     with isl_options(ctx, schedule_whole_component=int(whole_component),
                      schedule_maximize_coincidence=1, schedule_outer_coincidence=0):
