@@ -39,6 +39,7 @@ import contextlib
 import os
 import select
 import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -175,22 +176,63 @@ def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
     return _budgeted(kernel, deps, group, whole_component)
 
 
-def _budgeted(kernel: Kernel, deps: Dependences, group: list[Statement],
-              whole_component: bool) -> isl.Schedule:
-    """isl's schedule of ``group`` within :data:`ISL_OPERATIONS`, or the fallbacks of
-    the module doc past it."""
-    # isl counts operations per context, and every thread's calls on the kernel's
-    # context would count against the budget (a model's steps compiled in parallel
-    # threads: another thread's dependence analysis failed on it): the scheduler runs
-    # in a context of its own, the problem and its answer passed as text
+class _Unreadable(Exception):
+    """isl could not read back a text it printed."""
+
+
+def _private_schedule(kernel: Kernel, deps: Dependences, group: list[Statement],
+                      whole_component: bool) -> isl.Schedule | None:
+    """isl's schedule of ``group`` computed in a context of its own with the budget
+    (None past it). isl counts operations per context: set on the kernel's, the budget
+    also counted every other thread's calls there (a model's steps compiled in parallel
+    threads: another thread's dependence analysis failed on it). The problem and the
+    schedule pass between the contexts as text."""
     private = isl.Context()
     private.set_max_operations(ISL_OPERATIONS)
     try:
         sched = _isl_schedule(kernel, deps, group, whole_component, private)
-        return isl.Schedule.read_from_str(kernel.context.get_ctx(), sched.to_str())
     except isl.Error as e:
         if "maximal number of operations" not in str(e):
             raise
+        return None
+    try:
+        return isl.Schedule.read_from_str(kernel.context.get_ctx(), sched.to_str())
+    except isl.Error as e:
+        raise _Unreadable(str(e)) from e
+
+
+_BUDGET_LOCK = threading.Lock()
+
+
+def _shared_schedule(kernel: Kernel, deps: Dependences, group: list[Statement],
+                     whole_component: bool) -> isl.Schedule | None:
+    """:func:`_private_schedule` on the kernel's own context, for a problem whose text
+    isl cannot read back: one budgeted call at a time, and the budget removed after."""
+    ctx = kernel.context.get_ctx()
+    with _BUDGET_LOCK:
+        ctx.set_max_operations(ISL_OPERATIONS)
+        ctx.reset_operations()
+        try:
+            return _isl_schedule(kernel, deps, group, whole_component)
+        except isl.Error as e:
+            if "maximal number of operations" not in str(e):
+                raise
+            return None
+        finally:
+            ctx.set_max_operations(0)
+            ctx.reset_operations()
+
+
+def _budgeted(kernel: Kernel, deps: Dependences, group: list[Statement],
+              whole_component: bool) -> isl.Schedule:
+    """isl's schedule of ``group`` within :data:`ISL_OPERATIONS`, or the fallbacks of
+    the module doc past it."""
+    try:
+        sched = _private_schedule(kernel, deps, group, whole_component)
+    except _Unreadable:
+        sched = _shared_schedule(kernel, deps, group, whole_component)
+    if sched is not None:
+        return sched
     if len(group) == 1:
         return _source_order(kernel, group[0])
     if kernel.order:  # statements share loops: the source's own order is the legal one
@@ -392,8 +434,11 @@ def _isl_schedule(kernel: Kernel, deps: Dependences, group: list[Statement],
     parts = (dom, kernel.context, _filter_names(deps.validity, names),
              _filter_names(deps.coincidence, names), _filter_names(deps.proximity, names))
     if ctx is not None:
-        dom, context, validity, coincidence, proximity = (
-            type(x).read_from_str(ctx, x.to_str()) for x in parts)
+        try:
+            dom, context, validity, coincidence, proximity = (
+                type(x).read_from_str(ctx, x.to_str()) for x in parts)
+        except isl.Error as e:
+            raise _Unreadable(str(e)) from e
     else:
         dom, context, validity, coincidence, proximity = parts
     sc = (isl.ScheduleConstraints.on_domain(dom)
