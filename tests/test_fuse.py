@@ -250,3 +250,14 @@ def test_random_chains_against_the_interpreter(tiny_l2, seed):
             for g, w in zip(got, want):
                 np.testing.assert_allclose(g, np.asarray(w), rtol=1e-9, atol=1e-9,
                                            err_msg=src)
+
+
+def test_cuda_target_keeps_the_nests_apart(tiny_l2, tmp_cache):
+    """The CUDA target maps isl's schedule to kernels itself (no fusion pass), through
+    the CPU emulation, against numpy at sizes no multiple of its blocks."""
+    rng = np.random.default_rng(11)
+    A, x = rng.standard_normal((27, 40)), rng.standard_normal(40)
+    op = polyc.define(ATAX, options=polyc.Options(target="cuda", emulate=True,
+                                                  cache_dir=tmp_cache))
+    np.testing.assert_allclose(np.asarray(op(A, x)), A.T @ (A @ x), rtol=1e-10, atol=1e-10)
+    assert not _fused_bands(op.compiled_for({"M": 27, "N": 40}).schedule)

@@ -113,7 +113,7 @@ def fuse_streams(schedule: isl.Schedule, kernel: Kernel, deps: Dependences,
             i += 1
     if not fused:
         return schedule
-    return _rebuild(schedule, order, fused, deps)
+    return _rebuild(schedule, order, fused)
 
 
 def _best_run(nests: list[_Nest], start: int, validity: isl.UnionMap, kernel: Kernel,
@@ -130,12 +130,15 @@ def _best_run(nests: list[_Nest], start: int, validity: isl.UnionMap, kernel: Ke
     n = first.band.band_n_member() if first.band.band_get_permutable() else 1
     for lead in range(n):
         run, choice, hoisted, j = _longest_run(nests, start, lead, validity, kernel)
-        if len(run) < 2 or not _worth_it(run, kernel, options):
+        if len(run) < 2:
             continue
-        rows = _rows(run, choice, kernel, options)
+        total, saved = saved_bytes(run, kernel)
+        if not _worth_it(total, saved, options):
+            continue
+        rows = _rows(run, choice, kernel, options, total)
         if rows is None:
             continue
-        mine = (not _walks_rows(run, choice, kernel), saved_bytes(run, kernel)[1], -lead)
+        mine = (not _walks_rows(run, choice, kernel), saved, -lead)
         if score is None or mine > score:
             best, score = (run, choice, hoisted, j, rows), mine
     return best
@@ -317,10 +320,10 @@ def saved_bytes(run: list[_Nest], kernel: Kernel) -> tuple[int, int]:
     return total, saved
 
 
-def _worth_it(run: list[_Nest], kernel: Kernel, options: Options) -> bool:
-    """Whether the run's nests read arrays too large for the cache more than once, by
-    more bytes than the threads the fused loop gives up would make up for."""
-    total, saved = saved_bytes(run, kernel)
+def _worth_it(total: int, saved: int, options: Options) -> bool:
+    """Whether a run that reads ``total`` bytes of arrays it does not write, ``saved``
+    of them again where they do not fit in the cache, reads them more than once by more
+    bytes than the threads the fused loop gives up would make up for."""
     if saved == 0:
         return False
     threads = machine.threads(options.threads) if options.parallel else 1
@@ -334,12 +337,12 @@ def fused_rows(mark: str) -> int | None:
 
 
 def _rows(run: list[_Nest], choice: list[tuple[int, int]], kernel: Kernel,
-          options: Options) -> int | None:
+          options: Options, total: int) -> int | None:
     """The values of the fused member one fused iteration runs: a multiple of the rows
     of every nest's register tile along it (a sum over another member keeps its
     independent rows), as many as let a quarter of the L2 hold those rows of the arrays
-    read twice; 1 when no nest has such a tile. None when the shifts would cut the
-    register tiles (not multiples of the rows)."""
+    read twice (``total``: the bytes the run reads of them); 1 when no nest has such a
+    tile. None when the shifts would cut the register tiles (not multiples of the rows)."""
     tile = 1
     for nest, (member, _) in zip(run, choice):
         band = _fused_first(nest.band, member)
@@ -354,7 +357,6 @@ def _rows(run: list[_Nest], choice: list[tuple[int, int]], kernel: Kernel,
         return None
     first = run[0]
     member = choice[0][0]
-    total, _ = saved_bytes(run, kernel)
     extent = cache_blocks.member_extent(_fused_first(first.band, member), kernel, 0)
     per_row = total // max(1, extent or 1) // len(run)
     return tile * max(1, machine.l2_bytes() // FUSED_L2_FRACTION // max(1, per_row * tile))
@@ -368,8 +370,7 @@ def _fused_first(band: isl.ScheduleNode, member: int) -> isl.ScheduleNode:
 
 
 def _rebuild(schedule: isl.Schedule, order: list,
-             fused: dict[int, tuple[list[tuple[int, int]], int]],
-             deps: Dependences) -> isl.Schedule:
+             fused: dict[int, tuple[list[tuple[int, int]], int]]) -> isl.Schedule:
     ctx = schedule.get_ctx()
     filters = isl.UnionSetList.alloc(ctx, len(order))
     for part in order:
@@ -393,19 +394,7 @@ def _rebuild(schedule: isl.Schedule, order: list,
             outer = f if outer is None else outer.union_add(f)
             node = _fused_first(band, member).parent().parent()
         mupa = isl.MultiUnionPwAff.from_union_pw_aff(outer)
-        node = node.insert_partial_schedule(mupa)
-        node = node.band_member_set_coincident(0, int(_zero_distance(node, deps)))
+        node = node.insert_partial_schedule(mupa)  # (not coincident: never parallel)
         node = node.insert_mark(isl.Id(f"{FUSED}:{rows}"))
         top = node.parent().parent()
     return top.get_schedule()
-
-
-def _zero_distance(band: isl.ScheduleNode, deps: Dependences) -> bool:
-    """Whether every dependence inside the band's domain has distance 0 on it."""
-    dom = band.get_domain()
-    d = deps.coincidence.intersect_domain(dom).intersect_range(dom)
-    if d.is_empty():
-        return True
-    m = isl.UnionMap.from_union_pw_aff(_member(band, 0))
-    gaps = isl.Set.from_union_set(d.apply_domain(m).apply_range(m).deltas())
-    return gaps.is_subset(isl.Set("{ [0] }").align_params(gaps.get_space()))

@@ -176,6 +176,10 @@ def _schedule_group(kernel: Kernel, deps: Dependences, group: list[Statement],
     return _budgeted(kernel, deps, group, whole_component)
 
 
+def _over_budget(e: isl.Error) -> bool:
+    return "maximal number of operations" in str(e)
+
+
 class _Unreadable(Exception):
     """isl could not read back a text it printed."""
 
@@ -192,7 +196,7 @@ def _private_schedule(kernel: Kernel, deps: Dependences, group: list[Statement],
     try:
         sched = _isl_schedule(kernel, deps, group, whole_component, private)
     except isl.Error as e:
-        if "maximal number of operations" not in str(e):
+        if not _over_budget(e):
             raise
         return None
     try:
@@ -215,7 +219,7 @@ def _shared_schedule(kernel: Kernel, deps: Dependences, group: list[Statement],
         try:
             return _isl_schedule(kernel, deps, group, whole_component)
         except isl.Error as e:
-            if "maximal number of operations" not in str(e):
+            if not _over_budget(e):
                 raise
             return None
         finally:
