@@ -401,6 +401,12 @@ class BodyPrinter:
             element = self.element(e.array, e.indices)
             return element if e.array in self.promoted else load(t, element)
         if isinstance(e, E.Cast):
+            clamped = clamped_narrowing(e, e.dtype)
+            wide = self.clamp(clamped) if clamped is not None else None
+            if wide is not None:  # through int32 (the same value: it is in range), which
+                # gcc 12 narrows in vectors (vpmovdb); a float to byte conversion it
+                # juggles through mask registers, 3x slower
+                return cast(e.dtype, cast("int32", wide))
             return cast(e.dtype, self.expr(e.x, self._own(e.x)))
         if isinstance(e, E.Unary):
             if e.op == "!" or t == "bool":
@@ -427,6 +433,20 @@ class BodyPrinter:
                 return cast(t, self._call(e, t))
             return self._call(e, t)
         raise InternalError(f"cannot print expression {e!r}")
+
+    def clamp(self, clamped: E.Call) -> Piece | None:
+        """A :func:`clamped_narrowing` value as one ``polyc_clamp_hi`` / ``_lo`` call (a
+        vminps and a vmaxps; the NaN-aware ``polyc_fmaxf(lo, polyc_fminf(hi, x))`` it
+        replaces gives the same value once converted); None for other float types."""
+        t = self.dtype(clamped)
+        suffix = {"float32": "f", "float64": ""}.get(t)
+        if suffix is None:
+            return None
+        inner = clamped.args[1]
+        lo, hi = (clamped.args[0], inner.args[0]) if clamped.fn == "max" else \
+            (inner.args[0], clamped.args[0])
+        fn = ("polyc_clamp_hi" if clamped.fn == "max" else "polyc_clamp_lo") + suffix
+        return call(fn, self.expr(inner.args[1], t), self.expr(lo, t), self.expr(hi, t))
 
     def _bitcast(self, e: E.Call, t: str) -> Piece:
         """The bits of the operand (in its stored form) read as ``t`` (same width)."""
@@ -702,7 +722,11 @@ def _prelude() -> str:
         one, zero = ("1.0f", "0.0f") if f else ("1.0", "0.0")
         lines += [
             f"static inline {ct} polyc_sigmoid{f}({ct} x) {{ return {one} / ({one} + exp{f}(-x)); }}",
-            f"static inline {ct} polyc_relu{f}({ct} x) {{ return x < {zero} ? {zero} : x; }}",
+            # max(x, 0) (one vmaxps) with NaN kept: as ``x < 0 ? 0 : x``, gcc 12 carried
+            # the select's mask into the operations that follow (masked divisions, masks
+            # spilled): a QDQ residual sum 20% slower
+            (f"static inline {ct} polyc_relu{f}({ct} x) "
+             f"{{ const {ct} m = x > {zero} ? x : {zero}; return x != x ? x : m; }}"),
             f"static inline {ct} polyc_rsqrt{f}({ct} x) {{ return {one} / sqrt{f}(x); }}",
             # fmax/fmin (a NaN operand yields the other) as selects that gcc vectorizes,
             # and keeps branch-free in scalar code: without -ffinite-math-only, fmaxf()
@@ -805,18 +829,20 @@ __attribute__((unused)) static inline __m512i polyc_bcast4(const void *p)
 
 
 def vnni_kernel_name(mr: int, nv: int, x_step: int, w_step: int, w_row: int,
-                     partial: bool = False) -> str:
+                     partial: bool = False, signed_lanes: bool = False) -> str:
     """The VNNI micro-kernel (:func:`vnni_kernel`) of ``mr`` rows of ``nv`` vectors
     whose lanes move ``x_step`` bytes a step and whose weights move ``w_step`` bytes a
-    step and ``w_row`` bytes a row (``partial``: for fewer rows than ``mr``)."""
-    return f"polyc_vnni_{mr}x{nv}_x{x_step}_w{w_step}_r{w_row}{'_part' if partial else ''}"
+    step and ``w_row`` bytes a row (``partial``: for fewer rows than ``mr``;
+    ``signed_lanes``: the lanes are the int8 operand, the broadcast the uint8 one)."""
+    return (f"polyc_vnni_{mr}x{nv}_x{x_step}_w{w_step}_r{w_row}"
+            f"{'_s' if signed_lanes else ''}{'_part' if partial else ''}")
 
 
-_VNNI_NAME = re.compile(r"polyc_vnni_([0-9]+)x([0-9]+)_x([0-9]+)_w([0-9]+)_r([0-9]+)(_part)?")
+_VNNI_NAME = re.compile(r"polyc_vnni_([0-9]+)x([0-9]+)_x([0-9]+)_w([0-9]+)_r([0-9]+)(_s)?(_part)?")
 
 
 def vnni_kernel(mr: int, nv: int, x_step: int, w_step: int, w_row: int,
-                partial: bool = False) -> str:
+                partial: bool = False, signed_lanes: bool = False) -> str:
     """The C of a register tile's byte dot products on AVX-512 VNNI::
 
         acc[i][16 j + l] += sum_{s < steps} sum_{r < 4} x[s*XS + 64 j + 4 l + r] * w[s*WS + i*WR + r]
@@ -828,7 +854,8 @@ def vnni_kernel(mr: int, nv: int, x_step: int, w_step: int, w_row: int,
     the loop shared a function with other code, or with a second loop, 2x slower). The
     ``partial`` kernel takes the rows below ``rows`` (the others repeat row 0: a partial
     tile reads no weight past its last row). ``noipa``: a copy specialised to a call's
-    constant trip count had the copies again."""
+    constant trip count had the copies again. ``x`` is uint8 and ``w`` int8, or with
+    ``signed_lanes`` the other way round (``vpdpbusd`` takes its unsigned bytes first)."""
     acc = [(i, j) for i in range(mr) for j in range(nv)]
     v = ", ".join(f"a{i}_{j} = _mm512_load_si512(acc + {i * nv * 16 + 16 * j})" for i, j in acc)
     ks = ", ".join(f"k{j} = lanes[{j}]" for j in range(nv))
@@ -836,12 +863,14 @@ def vnni_kernel(mr: int, nv: int, x_step: int, w_step: int, w_row: int,
     body = [f"    const __m512i {xs};", "    __m512i b;"]
     for i in range(mr):
         body.append(f"    b = polyc_bcast4(w + {f'o{i}' if partial else i * w_row});")
-        body += [f"    a{i}_{j} = _mm512_dpbusd_epi32(a{i}_{j}, x{j}, b);" for j in range(nv)]
+        body += [f"    a{i}_{j} = _mm512_dpbusd_epi32(a{i}_{j}, "
+                 f"{f'b, x{j}' if signed_lanes else f'x{j}, b'});" for j in range(nv)]
     offsets = ", ".join(f"o{i} = (int64_t)({i} < rows ? {i} : 0) * {w_row}" for i in range(mr))
+    xt, wt = ("int8_t", "uint8_t") if signed_lanes else ("uint8_t", "int8_t")
+    name = vnni_kernel_name(mr, nv, x_step, w_step, w_row, partial, signed_lanes)
     lines = [
-        f"__attribute__((noipa, unused)) static void "
-        f"{vnni_kernel_name(mr, nv, x_step, w_step, w_row, partial)}(int32_t *restrict acc, "
-        "const uint8_t *restrict x, const int8_t *restrict w, int64_t steps, "
+        f"__attribute__((noipa, unused)) static void {name}(int32_t *restrict acc, "
+        f"const {xt} *restrict x, const {wt} *restrict w, int64_t steps, "
         "const __mmask16 *restrict lanes, int64_t rows)",
         "{",
         f"  const __mmask16 {ks};",
@@ -860,7 +889,7 @@ def prelude_for(text: str) -> str:
     VNNI micro-kernels it calls)."""
     extra = [_minifloat_helpers(name) for name in D.FLOATS
              if D.get(name).minifloat and f"polyc_{_tag(name)}_" in text]
-    kernels = sorted({(*(int(g) for g in m.groups()[:5]), bool(m.group(6)))
+    kernels = sorted({(*(int(g) for g in m.groups()[:5]), bool(m.group(7)), bool(m.group(6)))
                       for m in _VNNI_NAME.finditer(text)})
     if kernels:
         extra.append(VNNI_HELPERS.replace(
@@ -967,3 +996,25 @@ def _unsplit(indices: tuple[E.Expr, ...], extents: tuple[E.Expr, ...]
         out_i.append(idx)
         out_e.append(ext)
     return tuple(out_i), tuple(out_e)
+
+
+def clamped_narrowing(e: E.Expr, dtype: str) -> E.Expr | None:
+    """``max(lo, min(hi, x))`` (or ``min(hi, max(lo, x))``) of ``T(...)``, a floating value
+    clamped to constants within the range of ``T``, an integer type narrower than 32
+    bits; else None."""
+    d = D.get(dtype)
+    if not (isinstance(e, E.Cast) and e.dtype == dtype and d.kind in "iu" and d.itemsize < 4):
+        return None
+    lo, hi = d.limits
+    outer = e.x
+    if not (isinstance(outer, E.Call) and outer.fn in ("max", "min") and len(outer.args) == 2):
+        return None
+    inner = outer.args[1]
+    if not (isinstance(inner, E.Call) and {outer.fn, inner.fn} == {"max", "min"}
+            and len(inner.args) == 2):
+        return None
+    bounds = {outer.fn: outer.args[0], inner.fn: inner.args[0]}
+    if not all(isinstance(b, E.Const) and isinstance(b.value, (int, float))
+               and lo <= b.value <= hi for b in bounds.values()):
+        return None
+    return outer

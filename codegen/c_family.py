@@ -74,6 +74,7 @@ from .c_expr import (
     Namer,
     Piece,
     compute_ctype,
+    clamped_narrowing,
     isl_expr,
     load,
     loop_var,
@@ -431,10 +432,13 @@ class _Walker:
         masks = ", ".join(f"polyc_lanes16({width} + 1 - {QUAD_LANES * j})" for j in range(nv))
         acc = "&polyc_acc[0][0]" if rows is not None else "&polyc_acc[0]"
 
+        xt, wt = ("int8_t", "uint8_t") if quad.signed_lanes else ("uint8_t", "int8_t")
+
         def call(partial: bool) -> str:
-            return (f"{vnni_kernel_name(mr, nv, steps_x, steps_w, rows_w, partial)}({acc}, "
-                    f"(const uint8_t *)&{x}, (const int8_t *)&{w}, {steps}, polyc_lanes, "
-                    f"{height} + 1)")
+            name = vnni_kernel_name(mr, nv, steps_x, steps_w, rows_w, partial,
+                                    quad.signed_lanes)
+            return (f"{name}({acc}, (const {xt} *)&{x}, (const {wt} *)&{w}, {steps}, "
+                    f"polyc_lanes, {height} + 1)")
         return cgen.Block([
             cgen.Statement(f"const __mmask16 polyc_lanes[{nv}] = {{{masks}}}"),
             cgen.If(f"{height} + 1 >= {mr}", cgen.Statement(call(False)),
@@ -472,19 +476,10 @@ class _Walker:
         target = printer.element(stmt.write.array,
                                  tuple(E.map_expr(ix, sub) for ix in stmt.write.indices))
         value_e = E.map_expr(stmt.value, sub)
-        clamped = _clamped_narrowing(value_e, dtype) if stmt.op == "=" else None
+        clamped = clamped_narrowing(value_e, dtype) if stmt.op == "=" else None
         if clamped is not None:
             t = printer.dtype(clamped)
-            inner = clamped.args[1]
-            lo, hi = (clamped.args[0], inner.args[0]) if clamped.fn == "max" else \
-                (inner.args[0], clamped.args[0])
-            fn = ("polyc_clamp_hi" if clamped.fn == "max" else "polyc_clamp_lo") + \
-                {"float32": "f", "float64": ""}.get(t, "?")
-            if fn.endswith("?"):
-                wide = printer.expr(clamped, t).text
-            else:
-                wide = (f"{fn}({printer.expr(inner.args[1], t).text}, "
-                        f"{printer.expr(lo, t).text}, {printer.expr(hi, t).text})")
+            wide = (printer.clamp(clamped) or printer.expr(clamped, t)).text
             value = Piece(f"({CTYPES[dtype]})polyc_narrowed_value", PRIMARY)
             return cgen.Statement(update(stmt.op, target, value, dtype)), wide
         value = printer.expr(value_e, dtype, exact=stmt.is_reduction)
@@ -558,28 +553,6 @@ class _Walker:
 
 #: the compiler target the VNNI variant needs
 QUAD_TARGET = "defined(__AVX512VNNI__) && defined(__AVX512F__)"
-
-
-def _clamped_narrowing(e: E.Expr, dtype: str) -> E.Expr | None:
-    """``max(lo, min(hi, x))`` (or ``min(hi, max(lo, x))``) of ``T(...)``, a floating value
-    clamped to constants within the range of ``T``, an integer type narrower than 32
-    bits; else None."""
-    d = D.get(dtype)
-    if not (isinstance(e, E.Cast) and e.dtype == dtype and d.kind in "iu" and d.itemsize < 4):
-        return None
-    lo, hi = d.limits
-    outer = e.x
-    if not (isinstance(outer, E.Call) and outer.fn in ("max", "min") and len(outer.args) == 2):
-        return None
-    inner = outer.args[1]
-    if not (isinstance(inner, E.Call) and {outer.fn, inner.fn} == {"max", "min"}
-            and len(inner.args) == 2):
-        return None
-    bounds = {outer.fn: outer.args[0], inner.fn: inner.args[0]}
-    if not all(isinstance(b, E.Const) and isinstance(b.value, (int, float))
-               and lo <= b.value <= hi for b in bounds.values()):
-        return None
-    return outer
 
 
 def _user_calls(n: isl.AstNode) -> list[isl.AstExpr]:

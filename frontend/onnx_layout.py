@@ -284,7 +284,9 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
             n = dataclasses.replace(n, op_type=MATMUL_BLOCKED, inputs=inputs, attrs=attrs)
             stats["matmul_blocked"] += 1
         nodes.append(n)
-    if not transposed and not subsampled:
+    channel_last_ints = any(n.op_type == "PolycConvDot" and
+                            n.attrs.get("polyc_layout") == "nhwc" for n in nodes)
+    if not transposed and not subsampled and not channel_last_ints:
         return graph
     graph = dataclasses.replace(graph, nodes=tuple(nodes), constants=constants, tensors=tensors)
     return eliminate_dead_nodes(sink_transposes(graph, stats), stats)
@@ -296,6 +298,13 @@ _UNARY = frozenset([
     "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu",
     "Celu", "Softplus", "Softsign", "Mish", "Gelu", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt",
     "Reciprocal", "Swish", "ThresholdedRelu", "Floor", "Ceil", "Round", "Sign", "Cast"])
+#: ops of one tensor and scalar parameters that act on each element alone: they commute
+#: with a Transpose of that tensor when the parameters are scalars (per-tensor
+#: quantization; a per-axis scale is not, and keeps the Transpose where it is)
+_SCALED = frozenset(["QuantizeLinear", "DequantizeLinear"])
+#: pools that run channel-last (``polyc_layout`` ``"nhwc"``: onnx_ops_nn's pools) when
+#: their input is a Transpose from channel-last
+_POOLS = frozenset(["MaxPool"])
 #: ops of several same-shaped operands, element by element (scalars broadcast)
 _NARY = frozenset(["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"])
 
@@ -326,12 +335,16 @@ def sink_transposes(graph: Graph, stats: Counter | None = None) -> Graph:
 
     def sunk(n: Node) -> tuple[str, ...] | None:
         """The perm to move below ``n`` (all its non-scalar inputs Transposes by it)."""
-        if len(n.outputs) != 1 or n.op_type not in _UNARY | _NARY:
+        if n.op_type in _POOLS and len(n.outputs) == 1 and n.inputs and \
+                n.inputs[0] in source and source[n.inputs[0]][1] == TO_NCHW and \
+                not n.attrs.get("polyc_layout") and len(n.inputs) == 1:
+            return TO_NCHW  # it pools channel-last instead (polyc_layout "nhwc")
+        if len(n.outputs) != 1 or n.op_type not in _UNARY | _SCALED | _NARY:
             return None
         wide = [t for t in n.inputs if not scalar(t)]
         if not wide or any(t not in source for t in wide):
             return None
-        if n.op_type in _UNARY and wide != [n.inputs[0]]:
+        if n.op_type not in _NARY and wide != [n.inputs[0]]:
             return None
         perms = {source[t][1] for t in wide}
         shapes = {tensors[t].shape for t in wide}
@@ -354,12 +367,14 @@ def sink_transposes(graph: Graph, stats: Counter | None = None) -> Graph:
         if perm is not None:
             y = n.outputs[0]
             inner = fresh(f"{y}_t", tensors)
-            src_shape = next(tensors[source[t][0]].shape for t in n.inputs
-                             if t in source and not scalar(t))
-            tensors[inner] = TensorInfo(inner, tensors[y].dtype, src_shape)
+            shape = [0] * len(perm)  # Transpose(inner, perm) is y
+            for i, p in enumerate(perm):
+                shape[p] = tensors[y].shape[i]
+            tensors[inner] = TensorInfo(inner, tensors[y].dtype, tuple(shape))
+            attrs = {**n.attrs, "polyc_layout": "nhwc"} if n.op_type in _POOLS else n.attrs
             nodes.append(dataclasses.replace(
                 n, inputs=tuple(source[t][0] if t in source else t for t in n.inputs),
-                outputs=(inner,)))
+                outputs=(inner,), attrs=attrs))
             name = fresh(f"{n.name}_transpose", names)
             names.add(name)
             n = Node(name, "Transpose", (inner,), (y,), {"perm": list(perm)})

@@ -64,6 +64,7 @@ class Window:
     def __init__(self, node: Node, in_sp: Sequence[int], out_sp: Sequence[int],
                  kernel: Sequence[int]):
         k = len(in_sp)
+        self.node = node
         self.in_sp, self.out_sp, self.kernel = list(in_sp), list(out_sp), list(kernel)
         self.strides = _ints(node, "strides", k, 1)
         self.dilations = _ints(node, "dilations", k, 1)
@@ -417,11 +418,17 @@ def conv_transpose(node: Node, ctx: LowerContext) -> Lowered:
 POOL_UNROLL = 64
 
 
-def _pool_setup(node: Node, ctx: LowerContext):
+def _pool_setup(node: Node, ctx: LowerContext, types=FLOATS):
+    """The pieces of a pool's statements. With the node's ``polyc_layout`` ``"nhwc"``
+    (:func:`..onnx_layout.sink_transposes`) the input and output are channel-last: the
+    indices put ``c`` last, the ranges keep their order ``n, c, o.., k..``."""
     x, y = node.inputs[0], node.outputs[0]
     check_nonempty(node, ctx, x, y)
-    dt = check_dtype(node, ctx, x, FLOATS)
+    dt = check_dtype(node, ctx, x, types)
+    nhwc = node.attr("polyc_layout", "") == "nhwc"
     xs, ys = ctx.shape(x), ctx.shape(y)
+    if nhwc:  # as NCHW shapes
+        xs, ys = (xs[0], xs[-1]) + tuple(xs[1:-1]), (ys[0], ys[-1]) + tuple(ys[1:-1])
     k = len(xs) - 2
     if k < 1:
         raise unsupported(node, f"input rank {len(xs)} (at least 3: N, C, spatial...)")
@@ -432,11 +439,19 @@ def _pool_setup(node: Node, ctx: LowerContext):
         raise unsupported(node, "storage_order=1 is not supported")
     win = Window(node, xs[2:], ys[2:], [int(v) for v in kernel])
     o, r = names("o", k), names("k", k)
-    out_idx = ["n", "c"] + o
+    out_idx = _pool_index(node, o)
     ranges = [("n", 0, ys[0]), ("c", 0, ys[1])] + [(o[d], 0, ys[d + 2]) for d in range(k)] + \
         [(r[d], 0, win.kernel[d]) for d in range(k)]
-    xread = read(ctx.name(x), ["n", "c"] + [win.index(d, o[d], r[d]) for d in range(k)])
+    xread = read(ctx.name(x), _pool_index(node, [win.index(d, o[d], r[d]) for d in range(k)]))
     return x, y, dt, win, o, r, out_idx, ranges, xread
+
+
+def _pool_index(node: Node, spatial: list[str]) -> list[str]:
+    """A pool's element at ``spatial``: ``n, c, spatial..`` (``n, spatial.., c``
+    channel-last)."""
+    if node.attr("polyc_layout", "") == "nhwc":
+        return ["n"] + spatial + ["c"]
+    return ["n", "c"] + spatial
 
 
 def _interior(win: Window) -> list[tuple[int, int]] | None:
@@ -463,7 +478,7 @@ def _taps(ctx: LowerContext, x: str, win: Window, o: list[str]) -> list[str]:
     for offs in np.ndindex(*win.kernel):
         idx = [affine([(win.strides[d], o[d])], offs[d] * win.dilations[d] - win.begin[d])
                for d in range(k)]
-        out.append(read(ctx.name(x), ["n", "c"] + idx))
+        out.append(read(ctx.name(x), _pool_index(win.node, idx)))
     return out
 
 
@@ -500,7 +515,9 @@ def max_pool(node: Node, ctx: LowerContext) -> Lowered:
     if len(node.outputs) > 1 and node.outputs[1]:
         raise unsupported(node, "the Indices output is not supported (supported: MaxPool "
                                 "with its first output only)")
-    x, y, dt, win, o, r, out_idx, ranges, xread = _pool_setup(node, ctx)
+    # integers too (opset 12): the padded elements are never read
+    x, y, dt, win, o, r, out_idx, ranges, xread = _pool_setup(
+        node, ctx, FLOATS + ("int8", "uint8"))
     target = lhs(ctx.name(y), out_idx)
     # padded elements are -inf, max's identity: the unguarded read restricts the domain
     box = _interior(win)

@@ -253,7 +253,8 @@ def requantize(node: Node, ctx: LowerContext) -> Lowered:
     an int32 bias per output channel."""
     acc, xs_, ws_, ys_, zy = node.inputs[:5]
     bias = node.inputs[5] if present(node, 5) else ""
-    flat = ctx.rank(acc) == 3 and ctx.rank(node.outputs[0]) > 3
+    flat = ctx.rank(acc) == 3 and ctx.rank(node.outputs[0]) > 3 or \
+        node.attr("polyc_layout", "") == "nhwc"
     return Lowered([_requantize(node, ctx, ctx.name(acc), xs_, ws_, ys_,
                                 zy, node.outputs[0], bias, flat)])
 
@@ -270,12 +271,21 @@ def im2col(node: Node, ctx: LowerContext) -> Lowered:
     k = len(xs) - 2
     kernel = [int(v) for v in node.attr("kernel_shape")]
     quad = bool(node.attr("polyc_quad", 0))
-    out = cs[2 + k:2 + 2 * k] if quad else cs[1:1 + k]
-    win = Window(node, xs[2:], out, kernel)
+    nhwc = node.attr("polyc_layout", "") == "nhwc"
+    out = cs[1:1 + k] if nhwc or not quad else cs[2 + k:2 + 2 * k]
+    win = Window(node, xs[1:1 + k] if nhwc else xs[2:], out, kernel)
     o, r = names("o", k), names("k", k)
     guards = [g for d in range(k) for g in win.guards(d, o[d], r[d])]
     pad = cast_to(ctx.dtype(x), _zero_point(node, ctx, 1, None, "the input's"))
     spatial = [(o[d], 0, out[d]) for d in range(k)] + [(r[d], 0, kernel[d]) for d in range(k)]
+    if nhwc:  # cols(n, o.., k.., c) = x(n, ..., c): channel-last, zero-padded to quads
+        channels = xs[-1]
+        if cs[-1] != channels:
+            guards.append(f"c < {channels}")
+        value = read(ctx.name(x), ["n"] + [win.index(d, o[d], r[d]) for d in range(k)] + ["c"])
+        ranges = [("n", 0, xs[0])] + spatial + [("c", 0, cs[-1])]
+        return Lowered([f"{lhs(ctx.name(cols), ['n'] + o + r + ['c'])} = "
+                        f"{guarded(guards, value, pad)}{where(ranges)}"])
     if quad:  # cols(n, k.., cq, o.., c % 4) = x(n, c, ...): channels in groups of four
         channel = "4*cq + c4"
         if xs[1] % 4:
@@ -297,6 +307,15 @@ def conv_dot(node: Node, ctx: LowerContext) -> Lowered:
     ``(M, K)``: a matmul contiguous along ``k`` in both operands."""
     cols, wt, acc = node.inputs[0], node.inputs[1], node.outputs[0]
     cs, ws, ys = ctx.shape(cols), ctx.shape(wt), ctx.shape(acc)
+    if node.attr("polyc_layout", "") == "nhwc":
+        # acc(n, p, m) = sum_q sum_r cols(n, p, q, r) * wt(q, m, r): the output channels
+        # on the lanes (the weights' vectors), a pixel's four channels broadcast
+        q = ws[0]  # the weights (Q, M', 4), M' >= M
+        quads = ctx.view(cols, (cs[0], ys[1], q, 4))
+        value = " + ".join(f"int32({quads}(n, p, q, {j})) * int32({ref(ctx, wt, ['q', 'm', str(j)])})"
+                           for j in range(4))
+        return Lowered([stmt(ctx, acc, ["n", "p", "m"], "+=!", value,
+                             extra=[f"q in 0:{q}"])])
     if node.attr("polyc_quad", 0):
         # acc(n, m, p) = sum_q sum_r cols(n, q, p, r) * wt(q, m, r): the four products
         # of a channel group written out, the form of one vpdpbusd lane
@@ -318,29 +337,38 @@ def _requantize(node: Node, ctx: LowerContext, acc: str, xs_: str, ws_: str, ys_
                 zy: str, y: str, bias: str = "", flat: bool = False) -> str:
     """The requantization of the sums ``acc`` (a TC name shaped as ``y``, or with
     ``flat`` as ``(N, M, P)`` over its flat pixels; plus ``bias`` per output channel
-    when given) into ``y``."""
+    when given) into ``y``. With the node's ``polyc_layout`` ``"nhwc"``, ``y`` is
+    channel-last and the flat sums ``(N, P, M)``. In double, as ONNX's reference
+    (exact for int32 sums); with ``polyc_float`` (a QDQ convolution: its graph's
+    arithmetic is float32, and so is onnxruntime's integer path) in float."""
     shape = ctx.shape(y)
-    idx = ["n", "m"] + [f"o{d}" for d in range(len(shape) - 2)]
+    nhwc = node.attr("polyc_layout", "") == "nhwc"
+    spatial = [f"o{d}" for d in range(len(shape) - 2)]
+    idx = ["n"] + spatial + ["m"] if nhwc else ["n", "m"] + spatial
+    channels = shape[-1] if nhwc else shape[1]
+    within = "float32" if node.attr("polyc_float", 0) else "float64"
+    real = "float" if within == "float32" else "double"
 
     def scalar(t: str, per_channel: bool = False) -> str:
         s = ctx.shape(t)
-        if len(s) == 1 and s[0] == shape[1] and s[0] != 1 and per_channel:
+        if len(s) == 1 and s[0] == channels and s[0] != 1 and per_channel:
             return ref(ctx, t, ['m'])
         if len(s) > 1 or (len(s) == 1 and s[0] != 1):
             raise unsupported(node, f"scale {t!r} of shape {list(s)}")
         return ref(ctx, t, ['0'] * len(s))
     dt = ctx.dtype(y)
     # the multiplier in the scales' type, operation by operation, as ONNX's reference
-    mult = f"double(({scalar(xs_)} * {scalar(ws_, True)}) / {scalar(ys_)})"
-    yzp = f" + double({ref(ctx, zy, ['0'] * ctx.rank(zy))})" if zy else ""
+    mult = f"{real}(({scalar(xs_)} * {scalar(ws_, True)}) / {scalar(ys_)})"
+    yzp = f" + {real}({ref(ctx, zy, ['0'] * ctx.rank(zy))})" if zy else ""
     acc_idx = idx
-    if flat:  # the sums (n, m, p): the pixels flat
-        acc_idx = ["n", "m", " + ".join(f"{int(np.prod(shape[2 + d + 1:]))}*o{d}"
-                                        for d in range(len(shape) - 2))]
-    total = f"double({acc}({', '.join(acc_idx)}))"
-    if bias:  # added in double: exact, and no int32 overflow on the way
-        total = f"({total} + double({ref(ctx, bias, ['m'])}))"
+    if flat:  # the sums (n, m, p) or (n, p, m): the pixels flat
+        dims = shape[1:-1] if nhwc else shape[2:]
+        pixel = " + ".join(f"{int(np.prod(dims[d + 1:]))}*o{d}" for d in range(len(dims)))
+        acc_idx = ["n", pixel, "m"] if nhwc else ["n", "m", pixel]
+    total = f"{real}({acc}({', '.join(acc_idx)}))"
+    if bias:  # added in the float type: no int32 overflow on the way (exact in double)
+        total = f"({total} + {real}({ref(ctx, bias, ['m'])}))"
     q = f"round({total} * {mult}{yzp})"
     if node.attr("polyc_relu", 0) and zy:
-        q = f"max({q}, double({ref(ctx, zy, ['0'] * ctx.rank(zy))}))"
-    return stmt(ctx, y, idx, "=", _saturated(q, dt))
+        q = f"max({q}, {real}({ref(ctx, zy, ['0'] * ctx.rank(zy))}))"
+    return stmt(ctx, y, idx, "=", _saturated(q, dt, within))

@@ -32,10 +32,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from polyc import dtypes as D
+from polyc.ir import QUAD_LANES
 
 from .onnx_dynamic import DATA_DEPENDENT_OPS
 from .onnx_graph import Graph, Node, TensorInfo
-from .onnx_layout import choose_conv_layouts
+from .onnx_layout import TO_NCHW, TO_NHWC, choose_conv_layouts
 
 NUMPY = {n: D.numpy_dtype(n) for n in D.ORDER}
 
@@ -637,7 +638,8 @@ def _exact_in_float(q: Node, graph: Graph, tensors: dict[str, TensorInfo],
         acc = fresh(f"{y}_sum", "int32", tensors[y].shape)
         nodes.append(Node(f"{q.name}_sum", "Sum", tuple(ints), (acc,)))
     nodes.append(Node(f"{q.name}_requantize", "PolycRequantize", (acc, sx, sw, sy, zy), (y,),
-                      {"polyc_relu": q.attr("polyc_relu", 0)}))
+                      {"polyc_relu": q.attr("polyc_relu", 0),
+                       "polyc_float": q.attr("polyc_float", 0)}))
     return nodes
 
 
@@ -745,16 +747,30 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
     kernel = tuple(int(d) for d in constants[wq].shape[2:])
     geometry["kernel_shape"] = list(kernel)
     quad = quads and tensors[xq].dtype == "uint8" and tensors[wq].dtype == "int8"
+    nhwc = quad and m >= QUAD_LANES and len(xs) == 4
+    pixels = int(np.prod(ys[2:]))
     if quad:  # vpdpbusd's operands: groups of 4 channels (padded with zero weights)
         c4 = -(-xs[1] // 4)
         geometry["polyc_quad"] = 1
-        cols = fresh(f"{xq}_patches", tensors[xq].dtype,
-                     (xs[0],) + kernel + (c4,) + tuple(ys[2:]) + (4,))
         # (Q, M, 4): a step's weights of consecutive output channels side by side (one
-        # pointer for a register tile's rows)
+        # pointer for a register tile's rows, or one vector of 16 channels)
         wt = np.pad(wt.reshape(m, -1, xs[1]), ((0, 0), (0, 0), (0, 4 * c4 - xs[1])))
         wt = np.ascontiguousarray(wt.reshape(m, -1, 4).transpose(1, 0, 2))
-        acc = fresh(f"{y}_sum", "int32", (ys[0], m, int(np.prod(ys[2:]))))
+        wt = np.pad(wt, ((0, 0), (0, _odd_lines(m) - m), (0, 0)))
+    if nhwc:  # channel-last: the output channels on the lanes, between Transposes
+        geometry["polyc_layout"] = "nhwc"
+        xt = fresh(f"{xq}_nhwc", tensors[xq].dtype, tuple(xs[i] for i in TO_NHWC))
+        pointwise = kernel == (1, 1) and xs[1] % 4 == 0 and xs[2:] == ys[2:] and \
+            not any(int(v) for v in geometry.get("pads", [])) and \
+            geometry.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET", "VALID", b"VALID")
+        cols = xt if pointwise else fresh(f"{xq}_patches", tensors[xq].dtype,
+                                          (xs[0],) + tuple(ys[2:]) + kernel + (4 * c4,))
+        acc = fresh(f"{y}_sum", "int32", (ys[0], pixels, m))
+        yt = fresh(f"{y}_nhwc", tensors[y].dtype, tuple(ys[i] for i in TO_NHWC))
+    elif quad:
+        cols = fresh(f"{xq}_patches", tensors[xq].dtype,
+                     (xs[0],) + kernel + (c4,) + tuple(ys[2:]) + (4,))
+        acc = fresh(f"{y}_sum", "int32", (ys[0], m, pixels))
     else:
         cols = fresh(f"{xq}_patches", tensors[xq].dtype,
                      (xs[0],) + tuple(ys[2:]) + kernel + (xs[1],))
@@ -762,12 +778,36 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
     wtn = fresh(f"{wq}_rows", tensors[wq].dtype, wt.shape,
                 wt.astype(constants[wq].dtype))
     bn = fresh(f"{bias or y}_centred", "int32", (m,), b.astype(np.int32))
+    requantize = {"polyc_relu": q.attr("polyc_relu", 0), "polyc_float": q.attr("polyc_float", 0)}
+    if nhwc:
+        layout = {"polyc_layout": "nhwc"}
+        nodes = [Node(node_name(f"{q.name}_to_nhwc"), "Transpose", (xq,), (xt,),
+                      {"perm": list(TO_NHWC)})]
+        if cols != xt:
+            nodes.append(Node(node_name(f"{q.name}_patches"), "PolycIm2Col",
+                              (xt, q.inputs[2]), (cols,), geometry))
+        return nodes + [
+            Node(q.name, "PolycConvDot", (cols, wtn), (acc,), {"polyc_quad": 1, **layout}),
+            Node(node_name(f"{q.name}_requantize"), "PolycRequantize",
+                 (acc, sx, sw, sy, zy, bn), (yt,), {**requantize, **layout}),
+            Node(node_name(f"{q.name}_to_nchw"), "Transpose", (yt,), (y,),
+                 {"perm": list(TO_NCHW)})]
     patches = Node(node_name(f"{q.name}_patches"), "PolycIm2Col", (xq, q.inputs[2]), (cols,),
                    geometry)
     return [patches,
             Node(q.name, "PolycConvDot", (cols, wtn), (acc,), {"polyc_quad": 1} if quad else {}),
             Node(node_name(f"{q.name}_requantize"), "PolycRequantize",
-                 (acc, sx, sw, sy, zy, bn), (y,), {"polyc_relu": q.attr("polyc_relu", 0)})]
+                 (acc, sx, sw, sy, zy, bn), (y,), requantize)]
+
+
+def _odd_lines(m: int) -> int:
+    """Output channels of a byte-quad weight row ``(M, 4)`` padded to an odd number of
+    64-byte cache lines (past one line): a register tile reads a few lines of each row,
+    rows ``4 M`` bytes apart; at 256 or 512 channels (1 or 2 KB) those lines fall in a
+    few of the L1's 64 sets and evict each other, while rows an odd number of lines
+    apart fall in every set."""
+    lines = -(-m * 4 // 64)
+    return m if lines <= 1 else 16 * (lines + 1 - lines % 2)
 
 
 _INT8 = ("int8", "uint8")
@@ -862,6 +902,58 @@ def _pools_in_float(graph: Graph) -> Graph:
     return eliminate_dead_nodes(_replace(graph, nodes=nodes, tensors=tensors))
 
 
+def pools_on_integers(graph: Graph, stats: Counter | None = None) -> Graph:
+    """A MaxPool between a per-tensor ``DequantizeLinear`` and ``QuantizeLinear`` of the
+    same constant scale and zero point (a QDQ model's pool) pools the integers:
+    ``Q(MaxPool(DQ(q)))`` becomes ``MaxPool(q)``. Dequantization by a positive scale
+    is increasing, so the maximum of the dequantized values is the dequantized maximum,
+    and quantizing it again gives that integer back (``(v - z) * s / s`` is within far
+    less than half a unit of ``v - z``); the pool's padding is never read. The pool
+    then reads a byte an element instead of a float (ResNet-50's stem pool), and stays
+    between channel-last convolutions (:func:`.onnx_layout.sink_transposes`)."""
+    stats = stats if stats is not None else Counter()
+    made, users, c = producers(graph), consumers(graph), graph.constants
+
+    def params(n: Node) -> tuple | None:
+        """(scale, zero point, integer type) of a per-tensor (De)QuantizeLinear whose
+        parameters are constants; None otherwise."""
+        if len(n.inputs) < 3 or not all(t in c for t in n.inputs[1:3]) or \
+                n.attr("block_size", 0) or n.attr("saturate", 1) != 1:
+            return None
+        scale, zero = c[n.inputs[1]], c[n.inputs[2]]
+        if scale.size != 1 or zero.size != 1 or scale.dtype != np.float32 or \
+                str(zero.dtype) not in _INT8 or not 1e-30 < float(scale.reshape(-1)[0]) < 1e30:
+            return None
+        return (float(scale.reshape(-1)[0]), int(zero.reshape(-1)[0]), str(zero.dtype))
+    tensors = dict(graph.tensors)
+    nodes: list[Node] = []
+    renames: dict[str, str] = {}
+    gone: set[str] = set()
+    for n in graph.nodes:
+        if n.name in gone:
+            continue
+        d = made.get(n.inputs[0]) if n.op_type == "MaxPool" and n.inputs else None
+        y = n.outputs[0] if n.outputs else ""
+        readers = users.get(y, [])
+        want = params(d) if d is not None and d.op_type == "DequantizeLinear" else None
+        if want is None or len(n.outputs) != 1 or y in graph.outputs or not readers or \
+                not all(r.op_type == "QuantizeLinear" and params(r) == want and
+                        r.outputs[0] not in graph.outputs for r in readers):
+            nodes.append(n)
+            continue
+        q = d.inputs[0]
+        out = readers[0].outputs[0]
+        tensors[out] = TensorInfo(out, tensors[q].dtype, tensors[y].shape)
+        nodes.append(_with(n, inputs=(q,), outputs=(out,)))
+        renames.update({r.outputs[0]: out for r in readers[1:]})
+        gone.update(r.name for r in readers)
+        stats["pools_on_integers"] += 1
+    if not gone:
+        return graph
+    nodes = _rename_inputs(nodes, renames)
+    return eliminate_dead_nodes(_replace(graph, nodes=nodes, tensors=tensors))
+
+
 def _qdq_conv(graph: Graph, conv: Node, made: Mapping[str, Node],
               users: Mapping[str, list[Node]], outputs: set[str]
               ) -> tuple[Node, list[str]] | None:
@@ -924,6 +1016,7 @@ def _qdq_conv(graph: Graph, conv: Node, made: Mapping[str, Node],
     attrs = {k: v for k, v in conv.attrs.items()}
     if relu:
         attrs["polyc_relu"] = 1
+    attrs["polyc_float"] = 1  # the float32 graph's arithmetic: requantized in float
     node = Node(conv.name, "QLinearConv", (xq, sx, zx, wq, sw, zw, sy, zy) +
                 ((bias,) if bias else ()), (nxt.outputs[0],), attrs)
     return node, replaced
@@ -972,6 +1065,7 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
     graph = remove_noops(graph, c)
     if integer_dot:  # after folding: weights behind an Identity are constants now
         graph = convs_as_dot_products(graph, c, quads=byte_quads)
+    graph = pools_on_integers(graph, c)
     graph = fold_batchnorm(graph, c)
     graph = eliminate_common_subexpressions(graph, c)
     graph = contractions_in_float(graph, c)  # after batchnorm folding, before the weights'
@@ -981,6 +1075,7 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
     c["nodes_before"] = before
     c["nodes_after"] = len(graph.nodes)
     result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "conv_dot", "half_in_float", "empty",
+                                             "pools_on_integers",
                                              "folded",
                                              "noops",
                                              "batchnorm_folded", "cse",

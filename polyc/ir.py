@@ -373,13 +373,16 @@ QUAD_LANES = 16
 @dataclass(frozen=True)
 class QuadDot:
     """A statement ``acc(..) += sum_{r<4} int32(X(.., p, r)) * int32(W(.., r))`` of
-    ``uint8`` ``X`` and ``int8`` ``W`` (:func:`quad_dot`): per element of ``acc``, the
-    four products of one 32-bit lane of ``vpdpbusd`` (AVX-512 VNNI). ``lanes`` is ``X`` at
+    ``uint8`` and ``int8`` operands (:func:`quad_dot`): per element of ``acc``, the four
+    products of one 32-bit lane of ``vpdpbusd`` (AVX-512 VNNI). ``lanes`` is ``X`` at
     ``r = 0``: consecutive ``p`` are consecutive groups of four bytes, so a vector of
     lanes is one contiguous load; ``broadcast`` is ``W`` at ``r = 0``: four bytes the
-    lanes share."""
+    lanes share. ``signed_lanes``: ``X`` is the int8 operand and ``W`` the uint8 one (a
+    convolution with its output channels on the lanes: the weights are the vectors, the
+    input's four channels of one pixel the broadcast)."""
     lanes: E.Read
     broadcast: E.Read
+    signed_lanes: bool = False
 
 
 def _terms(e: E.Expr) -> list[E.Expr]:
@@ -397,16 +400,18 @@ def _widened_read(e: E.Expr) -> E.Read | None:
 
 def quad_dot(stmt: Statement, kernel: Kernel, lane_iterator: str) -> QuadDot | None:
     """The :class:`QuadDot` form of ``stmt`` with its lanes along ``lane_iterator``, or
-    None. ``X``'s last dimension has extent 4 and its last index is the constant ``r``;
-    ``lane_iterator`` appears, with coefficient 1, only in ``X``'s second-to-last index;
-    ``W`` does not depend on it and differs between the terms only by its last index,
-    the same constant ``r``."""
+    None. Of the two operands of each product, one uint8 and one int8, ``X`` is the one
+    whose second-to-last index holds ``lane_iterator`` (with coefficient 1, and nowhere
+    else); ``X``'s last dimension has extent 4 and its last index is the constant ``r``;
+    ``W`` does not depend on ``lane_iterator`` and differs between the terms only by its
+    last index, the same constant ``r``."""
     if stmt.op != "+" or kernel.array(stmt.write.array).dtype != "int32":
         return None
     terms = _terms(stmt.value)
     if len(terms) != 4:
         return None
     by_r: dict[int, tuple[E.Read, E.Read]] = {}
+    signed: bool | None = None
     for t in terms:
         if not (isinstance(t, E.Binary) and t.op == "*"):
             return None
@@ -417,6 +422,12 @@ def quad_dot(stmt: Statement, kernel: Kernel, lane_iterator: str) -> QuadDot | N
         if sorted(types) != ["int8", "uint8"]:
             return None
         x, w = pair if types[0] == "uint8" else pair[::-1]
+        if not x.indices or not w.indices:
+            return None
+        if signed is None:  # the lanes: the operand indexed by the lane iterator
+            signed = _lane_index(w, lane_iterator) and not _lane_index(x, lane_iterator)
+        if signed:
+            x, w = w, x
         if not x.indices or not w.indices:
             return None
         rx, rw = x.indices[-1], w.indices[-1]
@@ -444,4 +455,9 @@ def quad_dot(stmt: Statement, kernel: Kernel, lane_iterator: str) -> QuadDot | N
     env[lane_iterator] = 1
     if E.evaluate(p, env) - base != 1:
         return None
-    return QuadDot(x0, w0)
+    return QuadDot(x0, w0, bool(signed))
+
+
+def _lane_index(read: E.Read, lane_iterator: str) -> bool:
+    """Whether ``lane_iterator`` appears in the second-to-last index of ``read``."""
+    return len(read.indices) >= 2 and lane_iterator in E.free_names(read.indices[-2])[0]

@@ -8,6 +8,7 @@ checked to compile into ``vpdpbusd``.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 
 import islpy as isl
@@ -178,6 +179,15 @@ CONVS = {
     "3x3-stride2-asym": ((1, 8, 10, 9), (6, 8, 3, 3), dict(pads=[0, 1, 2, 1], strides=[2, 2])),
     "dilated": ((1, 5, 12, 12), (7, 5, 3, 3), dict(pads=[2, 2, 2, 2], dilations=[2, 2])),
     "conv1d": ((2, 6, 19), (5, 6, 4), dict(pads=[1, 2])),
+    # at least 16 output channels: channel-last, the output channels on the lanes
+    "3x3-stride2-wide": ((1, 12, 11, 10), (40, 12, 3, 3), dict(pads=[1, 1, 1, 1],
+                                                                strides=[2, 2])),
+    "1x1-stride2": ((1, 16, 9, 9), (32, 16, 1, 1), dict(strides=[2, 2])),
+    "5x5-odd-channels": ((2, 5, 9, 8), (17, 5, 5, 5), dict(pads=[2, 2, 2, 2])),
+    "1x1-wide": ((1, 64, 5, 7), (80, 64, 1, 1), {}),
+    "1x1-padded-rows": ((1, 8, 3, 5), (256, 8, 1, 1), {}),
+    "dilated-wide": ((1, 8, 12, 11), (24, 8, 3, 3), dict(pads=[2, 1, 2, 1],
+                                                          dilations=[2, 2])),
 }
 
 
@@ -209,6 +219,13 @@ def test_qlinearconv_on_dot_products(both_paths, case, x_type):
     model = _qlinearconv_model(x_shape, w_shape, attrs, x_type)
     dot, plain, used = both_paths(model)
     assert used == 1
+    # uint8 input, 512-bit VNNI, 16 output channels or more: channel-last, the weights'
+    # vectors against the input's broadcast bytes (a 1x1 conv reads its input in place)
+    channel_last = machine.has_vnni512() and x_type == TensorProto.UINT8 and \
+        w_shape[0] >= 16 and len(x_shape) == 4
+    assert bool(re.search(r"polyc_vnni_\w+_s\(&", dot.c_source)) == channel_last
+    in_place = channel_last and case in ("1x1", "1x1-wide", "1x1-padded-rows")
+    assert ("_patches" in dot.c_source) == (not in_place)
     info = np.iinfo(np.uint8 if x_type == TensorProto.UINT8 else np.int8)
     x = np.random.default_rng(5).integers(info.min, int(info.max) + 1, x_shape) \
         .astype(info.dtype)
@@ -449,7 +466,12 @@ def test_byte_dot_product_form():
     s = k.statements[-1]
     found = quad_dot(s, k, "p")
     assert found is not None and found.lanes.array == "X" and found.broadcast.array == "W"
-    assert quad_dot(s, k, "m") is None  # the weights do not move with the lanes
+    assert not found.signed_lanes
+    # along m the int8 weights are the lanes, the uint8 input's bytes the broadcast
+    along_m = quad_dot(s, k, "m")
+    assert along_m is not None and along_m.signed_lanes
+    assert along_m.lanes.array == "W" and along_m.broadcast.array == "X"
+    assert quad_dot(s, k, "q") is None  # the reduction moves both operands
     for src in [
             # three products
             "def f(uint8(Q,P,4) X, int8(Q,M,4) W) -> (C) { C(m,p) +=! "
@@ -468,12 +490,14 @@ def test_byte_dot_product_form():
 
 
 def test_quad_tile_shapes():
-    """The tile covers the fewest lane slots (masked partial tiles cost whole ones),
-    within 24 accumulator registers and 4 vectors a row."""
+    """The tile covers the fewest lane slots (masked partial tiles cost whole ones), or
+    nearly so when larger, within 24 accumulator registers and 4 vectors a row."""
     from polyc.schedule.register_tile import quad_shape
     assert quad_shape(256, 196) == (16, 16)    # 13 vectors a row, not 4 tiles of 64
-    assert quad_shape(64, 3136) == (4, 64)
-    assert quad_shape(512, 49) == (4, 64)
+    assert quad_shape(3136, 64) == (6, 64)     # 3138 rows covered, in larger tiles
+    assert quad_shape(64, 3136) == (6, 64)
+    assert quad_shape(7, 3136) == (7, 48)      # 7 rows: no tile of 6 or 8 rows fits
+    assert quad_shape(49, 512) == (7, 48)      # 49 of 49 rows, 528 of 512 lanes
     for m, p in [(64, 12544), (7, 5), (1000, 17), (None, None)]:
         mr, nr = quad_shape(m, p)
         assert nr % 16 == 0 and nr <= 64 and mr * nr // 16 <= 24
@@ -493,3 +517,83 @@ def test_flattened_element_iterators():
     assert element_iterators((E.Binary("+", E.Binary("*", E.Const(14), E.Index("h")),
                                        E.Index("w")),), ("h", "w"), e,
                              isl.Set("{ S[h, w] : 0 <= h < 14 and 0 <= w < 15 }")) is None
+
+
+def _conv_pool_model(seed: int = 0) -> onnx.ModelProto:
+    """Conv 3x3 (12 -> 32) + Relu, MaxPool 3x3 stride 2, Conv 1x1 (32 -> 48): float, for
+    onnxruntime's quantizer."""
+    rng = np.random.default_rng(seed)
+
+    def init(name, shape, scale):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32),
+                                       name)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p1", "w2", "b2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "convpool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 15, 13])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 48, 8, 7])],
+        [init("w1", (32, 12, 3, 3), 0.2), init("b1", (32,), 0.1),
+         init("w2", (48, 32, 1, 1), 0.2), init("b2", (48,), 0.1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_qdq_pool_runs_on_the_integers_channel_last(both_paths):
+    """A QDQ model's MaxPool between a DequantizeLinear and a QuantizeLinear of the same
+    scale and zero point pools the bytes (the same values: dequantization is increasing);
+    between two channel-last byte convolutions it pools channel-last, with no
+    transposition around it. Both paths agree bit for bit, and with onnxruntime's
+    integer run within a quantum here and there."""
+    import onnx_models as M
+    from polyc.frontend.onnx_import import load_graph
+    from polyc.frontend.onnx_passes import optimize_graph, pass_stats
+    model = _conv_pool_model()
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 12, 15, 13)).astype(np.float32)}
+             for s in range(3)]
+    q = M.quantize_qdq(model, feeds[:2])
+    dot, plain, used = both_paths(q)
+    assert used == 2 and pass_stats()["pools_on_integers"] == 1
+    got = dot.run(None, feeds[2])[0]
+    np.testing.assert_array_equal(got, plain.run(None, feeds[2])[0])
+    want = M.onnxruntime_outputs(q, feeds[2])[0]
+    assert np.abs(got - want).max() <= 2 * np.abs(want).max() / 255
+    graph = optimize_graph(load_graph(q, None), integer_dot=True,
+                           byte_quads=machine.has_vnni512())
+    pool, = [n for n in graph.nodes if n.op_type == "MaxPool"]
+    assert graph.tensors[pool.inputs[0]].dtype == "uint8"
+    ops = [n.op_type for n in graph.nodes]
+    if machine.has_vnni512():  # (patched by the fixture) channel-last between the convs
+        assert pool.attrs.get("polyc_layout") == "nhwc"
+        assert ops.count("Transpose") == 2  # the input's and the output's
+    else:
+        assert "polyc_layout" not in pool.attrs and "Transpose" not in ops
+
+
+def test_pool_stays_float_when_requantized_differently():
+    """A MaxPool whose QuantizeLinear has another scale than its DequantizeLinear is left
+    alone (quantizing the pooled floats again would round them)."""
+    from polyc.frontend.onnx_import import load_graph
+    from polyc.frontend.onnx_passes import optimize_graph, pass_stats
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s", "z"], ["f"]),
+             helper.make_node("MaxPool", ["f"], ["p"], kernel_shape=[2, 2]),
+             helper.make_node("QuantizeLinear", ["p", "s2", "z"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "pool", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 3, 5, 5])],
+        [numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+         numpy_helper.from_array(np.array(0.3, np.float32), "s2"),
+         numpy_helper.from_array(np.array(7, np.uint8), "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    g = optimize_graph(load_graph(model, None))
+    assert pass_stats()["pools_on_integers"] == 0
+    pool, = [n for n in g.nodes if n.op_type == "MaxPool"]
+    assert g.tensors[pool.inputs[0]].dtype == "float32"
+    x = np.random.default_rng(0).integers(0, 256, (1, 3, 6, 6)).astype(np.uint8)
+    import onnx_models as M
+    got = polyc.compile_onnx(model).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, M.onnxruntime_outputs(model, {"x": x})[0])

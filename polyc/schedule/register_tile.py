@@ -225,23 +225,28 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
 QUAD_ACCUMULATORS = 24
 
 
+#: a byte dot product's tile may cover this many times the fewest lane slots, when it
+#: is larger (6 x 64 over 3136 pixels, not 4 x 64: 10 loads per 24 vpdpbusd, not 8 per 16)
+QUAD_COVER_SLACK = 1.05
+
+
 def quad_shape(ext_u: int | None, ext_v: int | None) -> tuple[int, int]:
     """``(MR, NR)`` of a byte dot product's tile for extents ``ext_u x ext_v`` (None:
     unknown): of the tiles of up to 4 vectors a row and :data:`QUAD_ACCUMULATORS`
-    vectors in all, the one whose tiles cover the fewest lane slots (a 196-pixel layer
-    gets 1 x 16 lanes per row: 13 vectors, not 4 tiles of 64), on ties the larger tile
-    (fewer loads per product). Partial tiles are masked, so they cost their whole
-    tile."""
-    best = None
+    vectors in all whose tiles cover at most :data:`QUAD_COVER_SLACK` times the fewest
+    lane slots (a 196-pixel layer gets 1 x 16 lanes per row: 13 vectors, not 4 tiles of
+    64), the largest tile (fewer loads per product), then the widest. Partial tiles are
+    masked, so they cost their whole tile."""
+    shapes = {}
     for nv in range(1, 5):
         nr = QUAD_LANES * nv
         for mr in range(1, min(MAX_ROWS, QUAD_ACCUMULATORS // nv) + 1):
             cover = (-(-ext_u // mr) * mr if ext_u else mr) * \
                 (-(-ext_v // nr) * nr if ext_v else nr)
-            key = (cover if ext_u and ext_v else 0, -mr * nv, -nv)
-            if best is None or key < best[0]:
-                best = (key, (mr, nr))
-    return best[1]
+            shapes[(mr, nr)] = cover if ext_u and ext_v else 0
+    least = min(shapes.values())
+    return min((shape for shape, cover in shapes.items() if cover <= least * QUAD_COVER_SLACK),
+               key=lambda sh: (-sh[0] * sh[1], -sh[1], shapes[sh]))
 
 
 def _quad(s: Statement, kernel: Kernel, lane: str, options: Options) -> bool:
