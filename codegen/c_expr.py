@@ -722,11 +722,13 @@ def _prelude() -> str:
         one, zero = ("1.0f", "0.0f") if f else ("1.0", "0.0")
         lines += [
             f"static inline {ct} polyc_sigmoid{f}({ct} x) {{ return {one} / ({one} + exp{f}(-x)); }}",
-            # max(x, 0) (one vmaxps) with NaN kept: as ``x < 0 ? 0 : x``, gcc 12 carried
-            # the select's mask into the operations that follow (masked divisions, masks
-            # spilled): a QDQ residual sum 20% slower
+            # ``x < 0 ? 0 : x`` (NaN and -0 kept, as numpy's maximum), written as a
+            # vmaxps and a fix-up: the one select, gcc 12 carried its mask into the
+            # operations that follow (masked divisions, masks spilled): a QDQ residual sum
+            # 10% slower
             (f"static inline {ct} polyc_relu{f}({ct} x) "
-             f"{{ const {ct} m = x > {zero} ? x : {zero}; return x != x ? x : m; }}"),
+             f"{{ const {ct} m = x > {zero} ? x : {zero}; "
+             f"return (x != x || x == {zero}) ? x : m; }}"),
             f"static inline {ct} polyc_rsqrt{f}({ct} x) {{ return {one} / sqrt{f}(x); }}",
             # fmax/fmin (a NaN operand yields the other) as selects that gcc vectorizes,
             # and keeps branch-free in scalar code: without -ffinite-math-only, fmaxf()

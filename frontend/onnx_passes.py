@@ -9,6 +9,7 @@
 1. :func:`fold_constants` -- nodes whose inputs are all constants (and ``Shape`` /
    ``Size`` of static tensors) are evaluated now;
 2. :func:`remove_noops` -- Identity, inference Dropout, Cast to the same dtype;
+   :func:`pools_on_integers` -- a QDQ MaxPool pools the integers;
 3. :func:`fold_batchnorm` -- BatchNormalization after a Conv or Gemm goes into its
    weights and bias;
 4. :func:`eliminate_common_subexpressions` -- same op, inputs and attributes computed
@@ -661,10 +662,20 @@ def convs_as_dot_products(graph: Graph, stats: Counter | None = None,
     With ``quads`` (512-bit VNNI; uint8 input, int8 weights) the layouts are those of
     ``vpdpbusd`` outer products instead: patches ``cols[n, k.., c/4, o.., c%4]`` (the
     channels in groups of four, zero-padded: one 32-bit lane a pixel), the sums
-    ``acc[n, m, p]`` over the flat pixels ``p``, and the weights ``(K/4, M, 4)`` (a
-    step's rows side by side), so that
+    ``acc[n, m, p]`` over the flat pixels ``p``, and the weights ``(K/4, M', 4)`` (a
+    step's rows side by side; ``M' >= M``: :func:`_odd_lines`), so that
     ``acc(n, m, p) +=! sum_r int32(cols(n, q, p, r)) * int32(wt(q, m, r))`` is a byte
     dot product (:func:`polyc.ir.quad_dot`) whose register tiles vectorize the pixels.
+    A 2-D convolution with at least :data:`polyc.ir.QUAD_LANES` output channels runs
+    channel-last instead, between ``Transpose`` nodes that
+    :func:`.onnx_layout.sink_transposes` later cancels between convolutions: patches
+    ``cols[n, o.., k.., c]`` of the NHWC input (none for a unit-stride unpadded 1x1
+    convolution over a multiple of four channels: the input itself), the sums
+    ``acc[n, p, m]``, ``acc(n, p, m) +=! sum_r int32(cols(n, p, q, r)) *
+    int32(wt(q, m, r))`` -- the output channels on the lanes (the int8 weights' vectors;
+    :attr:`polyc.ir.QuadDot.signed_lanes`), the pixels the register tile's rows --
+    and an NHWC output. Every layer of ResNet-50 fills its vectors so (a 7x7 layer's 49
+    pixels filled 49 of 64 pixel lanes).
 
     The sums are exact; the result is QLinearConv's bit for bit."""
     stats = stats if stats is not None else Counter()
