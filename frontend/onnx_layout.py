@@ -294,7 +294,29 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
     if not transposed and not subsampled and not channel_last_ints:
         return graph
     graph = dataclasses.replace(graph, nodes=tuple(nodes), constants=constants, tensors=tensors)
-    return eliminate_dead_nodes(sink_transposes(graph, stats), stats)
+    return eliminate_dead_nodes(_merge_transposes(sink_transposes(graph, stats), stats), stats)
+
+
+def _merge_transposes(graph: Graph, stats: Counter) -> Graph:
+    """One ``Transpose`` for each tensor and perm: two channel-last Convs reading one
+    NCHW tensor (a residual block's first convolution and its projection shortcut) each
+    brought their own transposition of it."""
+    first: dict[tuple, str] = {}
+    renames: dict[str, str] = {}
+    nodes = []
+    for n in graph.nodes:
+        if renames:
+            n = dataclasses.replace(n, inputs=tuple(renames.get(t, t) for t in n.inputs))
+        if n.op_type == "Transpose" and len(n.outputs) == 1 and \
+                n.outputs[0] not in graph.outputs:
+            key = (n.inputs[0], tuple(int(p) for p in n.attrs.get("perm", ())))
+            if key in first:
+                renames[n.outputs[0]] = first[key]
+                stats["transposes_merged"] += 1
+                continue
+            first[key] = n.outputs[0]
+        nodes.append(n)
+    return dataclasses.replace(graph, nodes=tuple(nodes)) if renames else graph
 
 
 #: ops that act on each element alone (any other input a scalar): they commute with a

@@ -646,3 +646,31 @@ def test_narrow_few_channel_conv_on_cuda(shape, tmp_cache):
     m = polyc.compile_onnx(model, options=polyc.Options(cache_dir=tmp_cache), target="cuda",
                            emulate=True)
     np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_two_convs_of_one_input_share_its_transposition(tmp_cache):
+    """Two channel-last Convs reading one NCHW tensor (a residual block's first
+    convolution and its projection shortcut) read one transposition of it, and the
+    result is onnxruntime's."""
+    from polyc.frontend.onnx_import import load_graph
+    from polyc.frontend.onnx_passes import optimize_graph
+    rng = np.random.default_rng(3)
+
+    def weights(name, m, c, k):
+        return numpy_helper.from_array((rng.standard_normal((m, c, k, k)) * 0.2)
+                                       .astype(np.float32), name)
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "W1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p", "W2"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    g = helper.make_graph(
+        nodes, "shortcut", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 18, 14])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 9, 7])],
+        [weights("W1", 32, 16, 3), weights("W2", 32, 16, 1)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    graph = optimize_graph(load_graph(model, None))
+    to_nhwc = [n for n in graph.nodes if n.op_type == "Transpose" and
+               list(n.attrs["perm"]) == [0, 2, 3, 1]]
+    assert sum(n.op_type == CONV_NHWC for n in graph.nodes) == 2 and len(to_nhwc) == 1
+    _check_against_onnxruntime(model, tmp_cache)
