@@ -357,8 +357,11 @@ def _requantize(node: Node, ctx: LowerContext, acc: str, xs_: str, ws_: str, ys_
             raise unsupported(node, f"scale {t!r} of shape {list(s)}")
         return ref(ctx, t, ['0'] * len(s))
     dt = ctx.dtype(y)
-    # the multiplier in the scales' type, operation by operation, as ONNX's reference
-    mult = f"{real}(({scalar(xs_)} * {scalar(ws_, True)}) / {scalar(ys_)})"
+    if node.attr("polyc_multiplier", 0):  # computed at compile time (onnx_passes)
+        value = small_const(ctx, xs_)
+        mult = f"{real}({lit(value, 'float32') if value is not None else scalar(xs_, True)})"
+    else:  # the multiplier in the scales' type, operation by operation, as ONNX's reference
+        mult = f"{real}(({scalar(xs_)} * {scalar(ws_, True)}) / {scalar(ys_)})"
     yzp = f" + {real}({ref(ctx, zy, ['0'] * ctx.rank(zy))})" if zy else ""
     acc_idx = idx
     if flat:  # the sums (n, m, p) or (n, p, m): the pixels flat

@@ -638,10 +638,31 @@ def _exact_in_float(q: Node, graph: Graph, tensors: dict[str, TensorInfo],
             ints.append(pi)
         acc = fresh(f"{y}_sum", "int32", tensors[y].shape)
         nodes.append(Node(f"{q.name}_sum", "Sum", tuple(ints), (acc,)))
-    nodes.append(Node(f"{q.name}_requantize", "PolycRequantize", (acc, sx, sw, sy, zy), (y,),
-                      {"polyc_relu": q.attr("polyc_relu", 0),
-                       "polyc_float": q.attr("polyc_float", 0)}))
+    nodes.append(_requantization(q, f"{q.name}_requantize", acc, "", y, constants, fresh, {}))
     return nodes
+
+
+def _requantization(q: Node, name: str, acc: str, bias: str, y: str,
+                    constants: Mapping[str, np.ndarray], fresh, attrs: dict) -> Node:
+    """The ``PolycRequantize`` of the QLinearConv ``q``'s int32 sums ``acc`` (plus the
+    int32 ``bias`` per output channel when given) into ``y``. When the three scales are
+    float32 constants, per tensor but for the weights', the multiplier ``x_scale *
+    w_scale / y_scale`` is computed here, in float32 as the C would (the same bits), into
+    a constant (``polyc_multiplier``): a convolution's copy-out then loads it instead of
+    dividing at every element of every tile."""
+    _, sx, _, _, sw, _, sy, zy = q.inputs[:8]
+    attrs = {"polyc_relu": q.attr("polyc_relu", 0), "polyc_float": q.attr("polyc_float", 0),
+             **attrs}
+    ins = (acc, sx, sw, sy, zy)
+    scales = [constants.get(t) for t in (sx, sw, sy)]
+    if all(c is not None and c.dtype == np.float32 for c in scales) and \
+            scales[0].size == 1 and scales[2].size == 1:
+        s_x, s_w, s_y = scales
+        mult = np.asarray((s_x.reshape(()) * s_w.reshape(-1 if s_w.size > 1 else ()))
+                          / s_y.reshape(()), np.float32)
+        ins = (acc, fresh(f"{y}_multiplier", "float32", mult.shape, mult), "", "", zy)
+        attrs["polyc_multiplier"] = 1
+    return Node(name, "PolycRequantize", ins + ((bias,) if bias else ()), (y,), attrs)
 
 
 def convs_as_dot_products(graph: Graph, stats: Counter | None = None,
@@ -789,7 +810,6 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
     wtn = fresh(f"{wq}_rows", tensors[wq].dtype, wt.shape,
                 wt.astype(constants[wq].dtype))
     bn = fresh(f"{bias or y}_centred", "int32", (m,), b.astype(np.int32))
-    requantize = {"polyc_relu": q.attr("polyc_relu", 0), "polyc_float": q.attr("polyc_float", 0)}
     if nhwc:
         layout = {"polyc_layout": "nhwc"}
         nodes = [Node(node_name(f"{q.name}_to_nhwc"), "Transpose", (xq,), (xt,),
@@ -799,16 +819,16 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
                               (xt, q.inputs[2]), (cols,), geometry))
         return nodes + [
             Node(q.name, "PolycConvDot", (cols, wtn), (acc,), {"polyc_quad": 1, **layout}),
-            Node(node_name(f"{q.name}_requantize"), "PolycRequantize",
-                 (acc, sx, sw, sy, zy, bn), (yt,), {**requantize, **layout}),
+            _requantization(q, node_name(f"{q.name}_requantize"), acc, bn, yt, constants,
+                            fresh, layout),
             Node(node_name(f"{q.name}_to_nchw"), "Transpose", (yt,), (y,),
                  {"perm": list(TO_NCHW)})]
     patches = Node(node_name(f"{q.name}_patches"), "PolycIm2Col", (xq, q.inputs[2]), (cols,),
                    geometry)
     return [patches,
             Node(q.name, "PolycConvDot", (cols, wtn), (acc,), {"polyc_quad": 1} if quad else {}),
-            Node(node_name(f"{q.name}_requantize"), "PolycRequantize",
-                 (acc, sx, sw, sy, zy, bn), (y,), requantize)]
+            _requantization(q, node_name(f"{q.name}_requantize"), acc, bn, y, constants,
+                            fresh, {})]
 
 
 def _odd_lines(m: int) -> int:
