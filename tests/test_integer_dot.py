@@ -227,7 +227,7 @@ def test_qlinearconv_on_dot_products(both_paths, case, x_type):
     in_place = channel_last and case in ("1x1", "1x1-wide", "1x1-padded-rows")
     assert ("_patches" in dot.c_source) == (not in_place)
     # constant scales: the multiplier is computed at compile time, not per element
-    assert "_multiplier[" in dot.c_source and "_multiplier[" in plain.c_source
+    assert "_multiplier[" in dot.c_source
     info = np.iinfo(np.uint8 if x_type == TensorProto.UINT8 else np.int8)
     x = np.random.default_rng(5).integers(info.min, int(info.max) + 1, x_shape) \
         .astype(info.dtype)
