@@ -840,7 +840,13 @@ def vnni_kernel_name(mr: int, nv: int, x_step: int, w_step: int, w_row: int,
             f"{'_s' if signed_lanes else ''}{'_part' if partial else ''}")
 
 
-_VNNI_NAME = re.compile(r"polyc_vnni_([0-9]+)x([0-9]+)_x([0-9]+)_w([0-9]+)_r([0-9]+)(_s)?(_part)?")
+_VNNI_NAME = re.compile(
+    r"polyc_vnni_([0-9]+)x([0-9]+)_x([0-9]+)_w([0-9]+)_r([0-9]+)(_s)?(_part)?")
+
+
+def vnni_operand_types(signed_lanes: bool) -> tuple[str, str]:
+    """The C types of a VNNI micro-kernel's lanes and broadcast operands."""
+    return ("int8_t", "uint8_t") if signed_lanes else ("uint8_t", "int8_t")
 
 
 def vnni_kernel(mr: int, nv: int, x_step: int, w_step: int, w_row: int,
@@ -868,7 +874,7 @@ def vnni_kernel(mr: int, nv: int, x_step: int, w_step: int, w_row: int,
         body += [f"    a{i}_{j} = _mm512_dpbusd_epi32(a{i}_{j}, "
                  f"{f'b, x{j}' if signed_lanes else f'x{j}, b'});" for j in range(nv)]
     offsets = ", ".join(f"o{i} = (int64_t)({i} < rows ? {i} : 0) * {w_row}" for i in range(mr))
-    xt, wt = ("int8_t", "uint8_t") if signed_lanes else ("uint8_t", "int8_t")
+    xt, wt = vnni_operand_types(signed_lanes)
     name = vnni_kernel_name(mr, nv, x_step, w_step, w_row, partial, signed_lanes)
     lines = [
         f"__attribute__((noipa, unused)) static void {name}(int32_t *restrict acc, "

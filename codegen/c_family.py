@@ -81,6 +81,7 @@ from .c_expr import (
     store,
     update,
     vnni_kernel_name,
+    vnni_operand_types,
 )
 from .initial_values import reads_before_writing
 
@@ -432,7 +433,7 @@ class _Walker:
         masks = ", ".join(f"polyc_lanes16({width} + 1 - {QUAD_LANES * j})" for j in range(nv))
         acc = "&polyc_acc[0][0]" if rows is not None else "&polyc_acc[0]"
 
-        xt, wt = ("int8_t", "uint8_t") if quad.signed_lanes else ("uint8_t", "int8_t")
+        xt, wt = vnni_operand_types(quad.signed_lanes)
 
         def call(partial: bool) -> str:
             name = vnni_kernel_name(mr, nv, steps_x, steps_w, rows_w, partial,

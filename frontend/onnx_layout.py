@@ -115,7 +115,8 @@ def nhwc_weights(w: np.ndarray, kind: str) -> np.ndarray:
     return blocked_weights(w) if kind == "dense" else w[:, 0].transpose(1, 2, 0)
 
 
-def _pointwise_unpadded(node: Node, weights: np.ndarray) -> bool:
+def pointwise_unpadded(node: Node, weights: np.ndarray) -> bool:
+    """Whether the convolution ``node`` of ``weights`` is 1x1 with no padding."""
     return all(int(k) == 1 for k in weights.shape[2:]) and \
         not any(int(p) for p in node.attrs.get("pads", [])) and \
         node.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET", "VALID", b"VALID")
@@ -132,7 +133,7 @@ def wants_subsampling(node: Node, graph: Graph) -> bool:
         return False
     strides = [int(s) for s in node.attrs.get("strides", [1] * (weights.ndim - 2))]
     ys = graph.tensors[node.outputs[0]].shape
-    return any(s > 1 for s in strides) and _pointwise_unpadded(node, weights) and \
+    return any(s > 1 for s in strides) and pointwise_unpadded(node, weights) and \
         len(ys) == weights.ndim and int(np.prod(ys[2:])) >= FLAT_PIXELS
 
 
@@ -362,9 +363,9 @@ def sink_transposes(graph: Graph, stats: Counter | None = None) -> Graph:
 
     def sunk(n: Node) -> tuple[str, ...] | None:
         """The perm to move below ``n`` (all its non-scalar inputs Transposes by it)."""
-        if n.op_type in _POOLS and len(n.outputs) == 1 and n.inputs and \
+        if n.op_type in _POOLS and len(n.outputs) == 1 and len(n.inputs) == 1 and \
                 n.inputs[0] in source and source[n.inputs[0]][1] == TO_NCHW and \
-                not n.attrs.get("polyc_layout") and len(n.inputs) == 1:
+                not n.attrs.get("polyc_layout"):
             return TO_NCHW  # it pools channel-last instead (polyc_layout "nhwc")
         if len(n.outputs) != 1 or n.op_type not in _UNARY | _SCALED | _NARY:
             return None

@@ -37,7 +37,7 @@ from polyc.ir import QUAD_LANES
 
 from .onnx_dynamic import DATA_DEPENDENT_OPS
 from .onnx_graph import Graph, Node, TensorInfo
-from .onnx_layout import TO_NCHW, TO_NHWC, choose_conv_layouts
+from .onnx_layout import TO_NCHW, TO_NHWC, choose_conv_layouts, pointwise_unpadded
 
 NUMPY = {n: D.numpy_dtype(n) for n in D.ORDER}
 
@@ -564,7 +564,7 @@ def _exact_in_float(q: Node, graph: Graph, tensors: dict[str, TensorInfo],
     bound is larger is split along its input channels into convolutions that each stay
     below it; their exact partial sums are added in int32. None where the zero points or
     weights are not constants, or the convolution is grouped."""
-    xq, sx, zx, wq, sw, zw, sy, zy = q.inputs[:8]
+    xq, _, zx, wq, _, zw = q.inputs[:6]
     bias = q.inputs[8] if len(q.inputs) > 8 else ""
     if not all(t in constants for t in (zx, wq, zw) + ((bias,) if bias else ())):
         return None
@@ -756,7 +756,7 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
     if found is None:
         return None
     wt, b = found
-    xq, sx, _, wq, sw, _, sy, zy = q.inputs[:8]
+    xq, wq = q.inputs[0], q.inputs[3]
     bias = q.inputs[8] if len(q.inputs) > 8 else ""
     m = wt.shape[0]
     y = q.outputs[0]
@@ -792,9 +792,9 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
     if nhwc:  # channel-last: the output channels on the lanes, between Transposes
         geometry["polyc_layout"] = "nhwc"
         xt = fresh(f"{xq}_nhwc", tensors[xq].dtype, tuple(xs[i] for i in TO_NHWC))
-        pointwise = kernel == (1, 1) and xs[1] % 4 == 0 and xs[2:] == ys[2:] and \
-            not any(int(v) for v in geometry.get("pads", [])) and \
-            geometry.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET", "VALID", b"VALID")
+        # a unit-stride unpadded 1x1 convolution over whole quads reads its input in place
+        pointwise = pointwise_unpadded(q, constants[wq]) and xs[1] % 4 == 0 and \
+            xs[2:] == ys[2:]
         cols = xt if pointwise else fresh(f"{xq}_patches", tensors[xq].dtype,
                                           (xs[0],) + tuple(ys[2:]) + kernel + (4 * c4,))
         acc = fresh(f"{y}_sum", "int32", (ys[0], pixels, m))

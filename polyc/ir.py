@@ -428,8 +428,6 @@ def quad_dot(stmt: Statement, kernel: Kernel, lane_iterator: str) -> QuadDot | N
             signed = _lane_index(w, lane_iterator) and not _lane_index(x, lane_iterator)
         if signed:
             x, w = w, x
-        if not x.indices or not w.indices:
-            return None
         rx, rw = x.indices[-1], w.indices[-1]
         if not (isinstance(rx, E.Const) and rx == rw and isinstance(rx.value, int)):
             return None
