@@ -674,3 +674,37 @@ def test_two_convs_of_one_input_share_its_transposition(tmp_cache):
                list(n.attrs["perm"]) == [0, 2, 3, 1]]
     assert sum(n.op_type == CONV_NHWC for n in graph.nodes) == 2 and len(to_nhwc) == 1
     _check_against_onnxruntime(model, tmp_cache)
+
+
+def test_pool_between_channel_last_convs_runs_channel_last(tmp_cache):
+    """A MaxPool between two channel-last Convs pools channel-last (no transposition
+    around it) and gives onnxruntime's result, on the C target at 1 and 2 threads and on
+    the CUDA target (emulated); odd sizes, padding and a stride."""
+    from polyc.frontend.onnx_import import load_graph
+    from polyc.frontend.onnx_passes import optimize_graph
+    rng = np.random.default_rng(5)
+
+    def weights(name, m, c, k):
+        return numpy_helper.from_array((rng.standard_normal((m, c, k, k)) * 0.2)
+                                       .astype(np.float32), name)
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p", "W2"], ["y"])]
+    g = helper.make_graph(
+        nodes, "pooled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 13, 11])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 7, 6])],
+        [weights("W1", 32, 16, 3), weights("W2", 24, 32, 1)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    graph = optimize_graph(load_graph(model, None))
+    pool, = [n for n in graph.nodes if n.op_type == "MaxPool"]
+    assert pool.attrs.get("polyc_layout") == "nhwc"
+    assert sum(n.op_type == "Transpose" for n in graph.nodes) == 2  # input and output
+    _check_against_onnxruntime(model, tmp_cache)
+    feeds = _feeds(model)
+    cuda = polyc.compile_onnx(model, target="cuda", emulate=True,
+                              options=polyc.Options(cache_dir=tmp_cache))
+    np.testing.assert_allclose(cuda.run(None, feeds)[0], onnxruntime_outputs(model, feeds)[0],
+                               rtol=1e-4, atol=1e-4)

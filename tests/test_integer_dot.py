@@ -563,6 +563,9 @@ def test_qdq_pool_runs_on_the_integers_channel_last(both_paths):
     np.testing.assert_array_equal(got, plain.run(None, feeds[2])[0])
     want = M.onnxruntime_outputs(q, feeds[2])[0]
     assert np.abs(got - want).max() <= 2 * np.abs(want).max() / 255
+    # the CUDA target (emulated): the byte pool, off the dot products, the same values
+    cuda = polyc.compile_onnx(q, target="cuda", emulate=True)
+    np.testing.assert_array_equal(cuda.run(None, feeds[2])[0], plain.run(None, feeds[2])[0])
     graph = optimize_graph(load_graph(q, None), integer_dot=True,
                            byte_quads=machine.has_vnni512())
     pool, = [n for n in graph.nodes if n.op_type == "MaxPool"]
