@@ -43,6 +43,11 @@ def drop_dead_writes(kernel: Kernel) -> Kernel:
             dropped.add(s.name)
         elif not mine.is_equal(s.domain.intersect_params(kernel.context)):
             domains[s.name] = mine
+    if len(dropped) == len(kernel.statements):
+        # nothing is live: the outputs have no elements at these sizes (fuzz seed 3855:
+        # ``O1(i, j)`` over ``j in 0:N-1`` at N = 1). The statements stay as they are (they
+        # write nothing, or nothing anyone reads) rather than leave a kernel of none
+        return kernel
     if not domains and not dropped:
         return kernel
     statements = tuple(replace(s, domain=domains[s.name]) if s.name in domains else s
