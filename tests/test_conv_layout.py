@@ -648,28 +648,33 @@ def test_narrow_few_channel_conv_on_cuda(shape, tmp_cache):
     np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
 
 
+def _conv_graph(name: str, nodes, x_shape, y_shape, convs: dict, seed: int):
+    """A float model of ``nodes`` from ``x`` to ``y``, each weight of ``convs`` (name ->
+    (M, C, K)) random, and its graph after polyc's passes."""
+    from polyc.frontend.onnx_import import load_graph
+    from polyc.frontend.onnx_passes import optimize_graph
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal((m, c, k, k)) * 0.2)
+                                     .astype(np.float32), w) for w, (m, c, k) in convs.items()]
+    g = helper.make_graph(nodes, name,
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))],
+                          inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, optimize_graph(load_graph(model, None))
+
+
 def test_two_convs_of_one_input_share_its_transposition(tmp_cache):
     """Two channel-last Convs reading one NCHW tensor (a residual block's first
     convolution and its projection shortcut) read one transposition of it, and the
     result is onnxruntime's."""
-    from polyc.frontend.onnx_import import load_graph
-    from polyc.frontend.onnx_passes import optimize_graph
-    rng = np.random.default_rng(3)
-
-    def weights(name, m, c, k):
-        return numpy_helper.from_array((rng.standard_normal((m, c, k, k)) * 0.2)
-                                       .astype(np.float32), name)
     nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("Conv", ["p", "W1"], ["a"], pads=[1, 1, 1, 1]),
              helper.make_node("Conv", ["p", "W2"], ["b"]),
              helper.make_node("Add", ["a", "b"], ["y"])]
-    g = helper.make_graph(
-        nodes, "shortcut", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 18, 14])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 9, 7])],
-        [weights("W1", 32, 16, 3), weights("W2", 32, 16, 1)])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    graph = optimize_graph(load_graph(model, None))
+    model, graph = _conv_graph("shortcut", nodes, (1, 16, 18, 14), (1, 32, 9, 7),
+                               {"W1": (32, 16, 3), "W2": (32, 16, 1)}, seed=3)
     to_nhwc = [n for n in graph.nodes if n.op_type == "Transpose" and
                list(n.attrs["perm"]) == [0, 2, 3, 1]]
     assert sum(n.op_type == CONV_NHWC for n in graph.nodes) == 2 and len(to_nhwc) == 1
@@ -680,25 +685,13 @@ def test_pool_between_channel_last_convs_runs_channel_last(tmp_cache):
     """A MaxPool between two channel-last Convs pools channel-last (no transposition
     around it) and gives onnxruntime's result, on the C target at 1 and 2 threads and on
     the CUDA target (emulated); odd sizes, padding and a stride."""
-    from polyc.frontend.onnx_import import load_graph
-    from polyc.frontend.onnx_passes import optimize_graph
-    rng = np.random.default_rng(5)
-
-    def weights(name, m, c, k):
-        return numpy_helper.from_array((rng.standard_normal((m, c, k, k)) * 0.2)
-                                       .astype(np.float32), name)
     nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["a"], ["r"]),
              helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
                               pads=[1, 1, 1, 1]),
              helper.make_node("Conv", ["p", "W2"], ["y"])]
-    g = helper.make_graph(
-        nodes, "pooled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 13, 11])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 7, 6])],
-        [weights("W1", 32, 16, 3), weights("W2", 24, 32, 1)])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    graph = optimize_graph(load_graph(model, None))
+    model, graph = _conv_graph("pooled", nodes, (1, 16, 13, 11), (1, 24, 7, 6),
+                               {"W1": (32, 16, 3), "W2": (24, 32, 1)}, seed=5)
     pool, = [n for n in graph.nodes if n.op_type == "MaxPool"]
     assert pool.attrs.get("polyc_layout") == "nhwc"
     assert sum(n.op_type == "Transpose" for n in graph.nodes) == 2  # input and output
