@@ -510,6 +510,8 @@ class _Walker:
         if unroll and self.dialect.unroll_pragma and not pragmas:
             pragmas.append(self.dialect.unroll_pragma.format(unroll[0]))
         body = self.node(n.for_get_body(), (), in_parallel or parallel)
+        if not parallel and "simd" not in kinds:
+            body += self._exit(n, iterator, var)
         tail = None if parallel or "simd" not in kinds or not pragmas \
             else vector_tail(n, iterator, TAIL_LANES)
         if tail is not None:  # the main loop, then the remainder as a vector loop of its own
@@ -522,6 +524,29 @@ class _Walker:
                         self._isl(n.for_get_cond()).text,
                         f"{var} += {self._isl(n.for_get_inc()).text}", _block(body))
         return [cgen.Pragma(p) for p in pragmas] + [loop]
+
+    def _exit(self, n: isl.AstNode, iterator: str, var: str) -> list[cgen.Generable]:
+        """``if (flag == 0) break;`` at the end of a step of a loop the kernel may leave
+        early (``Kernel.exits``): the loop whose body runs the last statement writing the
+        flag at this loop's step. Nothing for any other loop."""
+        if not self.kernel.exits:
+            return []
+        last = None
+        for call in _user_calls(n.for_get_body()):
+            stmt = self.kernel.statement(call.get_op_arg(0).get_id().get_name())
+            if stmt.write.array not in self.kernel.exits or not stmt.iterators:
+                continue
+            arg = call.get_op_arg(1)
+            if arg.get_type() == isl.ast_expr_type.id and arg.get_id().get_name() == iterator:
+                last = stmt
+        if last is None:
+            return []
+        step = last.iterators[0]
+        if any(E.free_names(i)[0] - {step} for i in last.write.indices):
+            return []  # a flag per step only (not per element of a step)
+        flag = self.sym.printer(self.kernel, {step: var}).element(last.write.array,
+                                                                  last.write.indices)
+        return [cgen.If(f"{flag.text} == 0", cgen.Statement("break"))]
 
     def _user(self, call: isl.AstExpr) -> cgen.Generable:
         stmt = self.kernel.statement(call.get_op_arg(0).get_id().get_name())

@@ -323,6 +323,13 @@ class _CudaWalker(_Walker):
                          else f"({offset}) % {d.block} == {d.thread_param}")
         return cgen.If(" && ".join(conds), code)
 
+    def _exit(self, n: isl.AstNode, iterator: str, var: str) -> list[cgen.Generable]:
+        """A loop's early exit (``Kernel.exits``) in a kernel of one thread only: with
+        threads, the flag one thread writes would need a barrier before all read it, and
+        every thread would have to leave together. Elsewhere the loop runs every step
+        (the later ones change nothing)."""
+        return [] if self.gk.dims else super()._exit(n, iterator, var)
+
     def _member_value(self, d: MappedDim, call: isl.AstExpr) -> str:
         """C text of the mapped member's value for the statement instance of ``call``."""
         name = call.get_op_arg(0).get_id().get_name()

@@ -89,6 +89,10 @@ class Lowered:
     #: steps read only the last ``k`` steps' values: stored in ``k`` slots (see
     #: :func:`polyc.rewrite.fold_storage`)
     folds: tuple[tuple[str, int], ...] = ()
+    #: temporaries written at each step of a shared loop whose 0 ends the loop after
+    #: that step: the lowering promises that the later steps would change nothing read
+    #: after the loop (:attr:`polyc.ir.Kernel.exits`)
+    exits: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

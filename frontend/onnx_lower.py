@@ -285,6 +285,9 @@ class _ProgramBuilder:
         folds = tuple(f for r in results for f in r.folds)
         if folds:  # applied once scheduled (polyc.pipeline.fold_storage_hints)
             kernel = replace(kernel, folds=folds)
+        exits = tuple(e for r in results for e in r.exits)
+        if exits:
+            kernel = replace(kernel, exits=exits)
         self.verify(kernel, ctx, where, text)
         kernel = inline_pointwise(kernel)
         args = inputs + [t for _, t in views] + outputs

@@ -142,6 +142,14 @@ class Kernel:
     #: a recurrence's state over time). The schedule is computed without: folded
     #: accesses (``t % 2``) make isl's scheduler 20-40x slower
     folds: tuple[tuple[str, int], ...] = ()
+    #: flags of early exits from loops shared by statements (``order``): a temporary
+    #: written at each step ``t`` of such a loop (``flag(t, ...)``, folded or not), after
+    #: whose step the loop may stop when the flag is 0. The frontend that sets it
+    #: promises that the later steps change nothing read after the loop -- with the
+    #: storage its ``folds`` give (:func:`polyc.pipeline.fold_storage_hints` drops the
+    #: exits with the folds when the schedule does not allow them). An optimization
+    #: only: a target may run every step (CUDA does)
+    exits: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.context is None:

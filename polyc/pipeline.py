@@ -149,8 +149,8 @@ def fold_storage_hints(kernel: Kernel, schedule: isl.Schedule) -> tuple[Kernel, 
             folded = fold_storage(folded, array, slots)
         deps = compute_dependences(folded)
         check.check_schedule(folded, deps, schedule)
-    except ScheduleError:
-        return _replace(kernel, folds=()), None
+    except ScheduleError:  # full storage: an exit's later steps would matter then
+        return _replace(kernel, folds=(), exits=()), None
     return folded, deps
 
 

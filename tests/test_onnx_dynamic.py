@@ -9,6 +9,8 @@ would read past it.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto as T
@@ -302,6 +304,51 @@ def test_nms_with_nan_scores_and_castlike():
     ranked = sorted(finite, key=lambda i: (-scores[0, 0, i], i))
     assert finite == [i for i in ranked if i in finite]  # the finite ones in score order
     assert set(int(i) for i in sel[:, 2]) <= set(range(6))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n", [24, 25])
+def test_greedy_selection_stops_early(n, target):
+    """The greedy loop over the ranks stops once no class can keep another box (every
+    list full, or the box at the rank fails the score threshold): on C a ``break`` after
+    such a rank, one of the last rank's parity (the state is read from its slots once the
+    loop is over: box counts of both parities). The output equals onnxruntime's whether
+    the loop stops early (a small per-class limit, a high threshold) or runs to the end."""
+    rng = np.random.default_rng(11 + n)
+    b, c = 2, 5
+    boxes = _boxes(rng, b, n, 0)
+    scores = rng.random((b, c, n)).astype(np.float32)
+    scores[1, 3] = 0.05  # a class where nothing passes: done at rank 0
+    model = _model([helper.make_node("NonMaxSuppression",
+                                     ["boxes", "scores", "k", "iou", "score"], ["sel"])],
+                   [("boxes", F, [b, n, 4]), ("scores", F, [b, c, n]), ("k", I64, [1]),
+                    ("iou", F, [1]), ("score", F, [1])], [("sel", I64)], opset=11)
+    for k, iou, score in ((3, 0.5, 0.1), (2, 0.0, 0.0), (n, 0.4, 0.6), (n, 1.0, 0.0)):
+        feed = {"boxes": boxes, "scores": scores, "iou": np.array([iou], np.float32),
+                "score": np.array([score], np.float32)}
+        compiled = _check(model, feed, target, values={"k": np.array([k], np.int64)})
+        if not target:
+            assert re.search(r"if \(v_more\w*\[0\] == 0\)\s*break;", compiled.c_source)
+
+
+def test_nms_float16_scores_and_float64_refused():
+    """float16 boxes and scores (keys from the scores widened to float32, exactly) match
+    onnx's reference; float64 scores are refused with the reason (ONNX's op takes float)."""
+    rng = np.random.default_rng(12)
+    n = 19
+    boxes = _boxes(rng, 1, n, 0).astype(np.float16)
+    scores = rng.random((1, 2, n)).astype(np.float16)
+    scores[0, 1, 4] = scores[0, 1, 9]
+    k = numpy_helper.from_array(np.array([4], np.int64), "k")
+    iou = numpy_helper.from_array(np.array([0.3], np.float32), "iou")
+    node = helper.make_node("NonMaxSuppression", ["boxes", "scores", "k", "iou"], ["sel"])
+    model = _model([node], [("boxes", T.FLOAT16, [1, n, 4]), ("scores", T.FLOAT16, [1, 2, n])],
+                   [("sel", I64)], [k, iou], opset=11)
+    _check(model, {"boxes": boxes, "scores": scores}, {}, use_ort=False)
+    model = _model([node], [("boxes", T.DOUBLE, [1, n, 4]), ("scores", T.DOUBLE, [1, 2, n])],
+                   [("sel", I64)], [k, iou], opset=11)
+    with pytest.raises(UnsupportedOpError, match="scores of dtype float64"):
+        polyc.compile_onnx(model)
 
 
 def test_greedy_steps_keep_whole_vectors_at_two_threads():
