@@ -347,10 +347,13 @@ def test_split_for_threads_gives_the_parallel_loop_work():
     assert optimize._split_for_threads(same, [1, 28, 28, 512, 256], flags, reg, 2) == same
     assert optimize._split_for_threads([32, 32, 35, 512, 256], [1, 28, 28, 512, 256],
                                        flags, reg, 1) == [32, 32, 35, 512, 256]
-    # the register tile's row member is cut in whole register tiles
-    got = optimize._split_for_threads([64, 64], [30, 20], [True, True],
-                                      register_tile.Plan("S", "Y", 0, 1, 7, 16, (7, 16)), 2)
-    assert got == [21, 64]
+    # the register tile's row member is cut in whole register tiles (28 rows, 7 a tile:
+    # 14 + 14; 30 rows in tiles of 9: 18 + 12, 1.2x an even share), unless those are too
+    # uneven (20 rows in tiles of 7: 14 + 6 is 1.4x an even share, so 10 + 10)
+    plan = lambda mr: register_tile.Plan("S", "Y", 0, 1, mr, 16, (mr, 16))  # noqa: E731
+    assert optimize._split_for_threads([64, 64], [28, 20], [True, True], plan(7), 2) == [14, 64]
+    assert optimize._split_for_threads([64, 64], [30, 20], [True, True], plan(9), 2) == [18, 64]
+    assert optimize._split_for_threads([64, 64], [20, 20], [True, True], plan(7), 2) == [10, 64]
 
 
 def test_parallel_tiles_are_balanced():

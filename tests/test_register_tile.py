@@ -167,6 +167,25 @@ def test_reduction_innermost_gets_dot_rows(src, shapes, ref):
     assert all(sum(x > 1 for x in box) == 1 for box in boxes), marks
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_column_blocks_of_a_gemv_get_register_rows(threads):
+    """A vector times column-blocked weights (a batch-1 fully connected layer:
+    ``Yt(m, nb, ni) += x(m, k) * Wb(nb, k, ni)``): no row shares the weights' vector loads,
+    yet its rows are the column blocks, kept in registers across the reduction (before,
+    each step loaded and stored the sums). At 2 threads the 16 blocks are cut 8 + 8, not
+    in whole 6-row register tiles as 12 + 4."""
+    src = """
+def gemv(float(M,K) A, float(NB,K,NI) W) -> (Y) {
+    Y(m,nb,ni) +=! A(m,k) * W(nb,k,ni)
+}"""
+    op = _define(src, threads=threads)
+    _check(op, [(1, 301), (16, 301, 64)], lambda A, W: np.einsum("mk,bki->mbi", A, W))
+    assert _register_marks(op)
+    if threads == 2:
+        assert re.search(r"omp parallel for num_threads\(2\)\s*for \(int64_t (c\d+) = 0; "
+                         r"\1 <= 15; \1 \+= 8\)", op.c_source), op.c_source
+
+
 def test_tiny_kernels_stay_sequential():
     small = _define(MATMUL)
     _check(small, [(7, 13), (13, 30)], lambda A, B: A @ B)

@@ -291,6 +291,9 @@ def _split_for_threads(sizes: list[int], extents: list[int | None], flags: list[
             else 1
         per_thread = -(-(extents[best] or 0) // threads)
         size = -(-per_thread // unit) * unit
+        if size > per_thread * UNEVEN_SPLIT and (reg is None or best != reg.v):
+            size = per_thread  # a partial register tile each, not one thread with twice
+            # the other's rows (16 blocks of a GEMV: 12 + 4); never a cut vector
         if size < (extents[best] or 0):  # (a 32-channel vector member cannot be cut)
             sizes = list(sizes)
             sizes[best] = size
@@ -356,20 +359,29 @@ SPLIT_LEAST_SHARED = True
 
 #: cut the parallel member's tiles into a multiple of the threads, all of one size
 BALANCE_TILES = True
+#: when whole register tiles would give one thread more than this many times its even
+#: share of a member cut for the threads, the cut is even and a tile ends in a partial
+#: register tile (a GEMV's 16 column blocks in register tiles of 6 rows: 12 + 4 blocks,
+#: and the weights streamed at the slower thread's pace)
+UNEVEN_SPLIT = 1.25
 
 
 def _balanced(sizes: list[int], extents: list[int | None], member: int | None,
               reg: register_tile.Plan | None, threads: int) -> list[int]:
     """The tiles of ``member`` (the one the ``parallel`` loop will run) made a multiple
-    of ``threads`` tiles of one size (whole register tiles each): MobileNetV2's 56 rows
-    in tiles of 32 gave one thread 32 rows and the other 24, which then waited."""
+    of ``threads`` tiles of one size (whole register tiles each, unless that is
+    :data:`UNEVEN_SPLIT` uneven): MobileNetV2's 56 rows in tiles of 32 gave one thread 32
+    rows and the other 24, which then waited."""
     i = member
     if threads < 2 or i is None or extents[i] is None:
         return sizes
     trips = -(-extents[i] // sizes[i])
     unit = 1 if reg is None else reg.mr if i == reg.u else reg.nr if i == reg.v else 1
     tiles = -(-trips // threads) * threads
-    size = -(-(-(-extents[i] // tiles)) // unit) * unit
+    even = -(-extents[i] // tiles)
+    size = -(-even // unit) * unit
+    if size > even * UNEVEN_SPLIT and (reg is None or i != reg.v):
+        size = even
     if size >= sizes[i]:
         return sizes
     sizes = list(sizes)

@@ -198,11 +198,12 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
     def indexes(i: int, r: E.Read) -> bool:
         return any(its[i] in E.free_names(ix)[0] for ix in r.indices)
     # rows that share every vector load; else (a depthwise convolution: its rows read
-    # their own input pixels and share the taps' weights) rows that share one of them:
-    # the accumulators stay in registers across the reduction instead of being loaded
-    # and stored at each step
+    # their own input pixels and share the taps' weights) rows that share one of them;
+    # else (a GEMV over column blocks: each block its own weights) any rows: the
+    # accumulators stay in registers across the reduction instead of being loaded and
+    # stored at each step
     candidates = [i for i in rows if not any(indexes(i, r) for r in vector_reads)] or \
-        [i for i in rows if not all(indexes(i, r) for r in vector_reads)]
+        [i for i in rows if not all(indexes(i, r) for r in vector_reads)] or rows
     if not candidates:
         return None
     u = candidates[-1]
