@@ -103,18 +103,42 @@ def _count_stmt(ctx: LowerContext, node: Node, value: str, ranges: list[str]) ->
     return [f"{ctx.name(count)} +=! {value} ? 1 : 0 where {', '.join(ranges)}"]
 
 
-def _sort_key(score: str, i: str, n: int) -> str:
-    """An int64 key per entry ``i`` of ``n``, all distinct, larger for an entry that
-    ranks first: a higher float32 ``score``, or the same score (-0.0 and 0.0 the same)
-    and a lower index; a NaN below every number (NaNs among themselves by index). The
-    score's bits map to an int32 that orders as the floats do (a negative's magnitude
-    bits flipped; NaN: one below the lowest, -inf's), times 2^32, plus ``n - i`` (1 to
-    ``n``): one int64 comparison instead of the float ones with their NaN and tie
-    cases. Every key is above ``(-2^31 + 1) * 2^32``."""
-    bits = f"bits_int32({score})"
-    ordered = (f"({score} != {score} ? {-2 ** 31 + 1} : ({bits} >= 0 ? {bits} : "
+#: below every key of :func:`sort_key` (INT64_MIN, written without an out-of-range literal)
+LOWEST_KEY = "(int64(-2147483647) * 4294967296 - 4294967296)"
+#: the dtypes :func:`sort_key` maps (the others take 64 bits themselves, or 33)
+KEYED = ("float32", "float16", "bfloat16", "int8", "int16", "int32", "uint8", "uint16",
+         "bool")
+
+
+def sort_key(value: str, dtype: str, i: str, n: int, *, descending: bool = True,
+             nan_high: bool = False) -> str:
+    """An int64 key per entry ``i`` (of ``n``) holding ``value``, all distinct, larger for
+    the entry that comes first: the higher value (``descending``; else the lower), and
+    among equal values (-0.0 and 0.0 are equal) the lower index. A NaN is the highest
+    value (``nan_high``) or the lowest; NaNs among themselves go by index.
+
+    The value maps to an int32 that orders as the values do (a float's bits, a
+    negative's magnitude bits flipped, or the integer itself), times 2^32, plus
+    ``n - i`` (1 to ``n``): every comparison of entries one int64 comparison, and every
+    key above :data:`LOWEST_KEY`. ``dtype`` must be one of :data:`KEYED`."""
+    if dtype in ("float32", "float16", "bfloat16"):
+        v = value if dtype == "float32" else f"float32({value})"
+        bits = f"bits_int32({v})"
+        nan = 2 ** 31 - 1 if nan_high else -2 ** 31 + 1  # above +inf's, below -inf's
+        k32 = (f"({v} != {v} ? {nan} : ({bits} >= 0 ? {bits} : "
                f"({bits} < {-2 ** 31 + 1} ? 0 : bitxor({bits}, {2 ** 31 - 1}))))")
-    return f"int64({ordered}) * 4294967296 + int64({n} - {i})"
+    elif dtype in KEYED:
+        k32 = f"int32({value})"
+    else:
+        raise ValueError(f"no 32-bit sort key for {dtype}")
+    if not descending:
+        k32 = f"bitnot({k32})"  # -k - 1: the order reversed, within int32
+    return f"int64({k32}) * 4294967296 + int64({n} - {i})"
+
+
+def key_index(key: str, n: int) -> str:
+    """The entry index a :func:`sort_key` of ``n`` entries holds."""
+    return f"int32({n} - bitand({key}, 4294967295))"
 
 
 @register("NonZero")
@@ -261,8 +285,8 @@ def non_max_suppression(node: Node, ctx: LowerContext) -> Lowered:
     # each box's sort key: distinct, larger for a box that ranks first (higher score;
     # ties: the lower index; NaN last)
     key = ctx.temp("key")
-    score = sc("i") if ctx.dtype(scores) == "float32" else f"float32({sc('i')})"
-    stmts = [temp_stmt(ctx, key, ["i", "b", "c"], (s, nb, nc), "=", _sort_key(score, "i", s))]
+    stmts = [temp_stmt(ctx, key, ["i", "b", "c"], (s, nb, nc), "=",
+                       sort_key(sc("i"), ctx.dtype(scores), "i", s))]
     # the greedy selection, one rank after another (a recurrence: its statements share
     # the loop over ranks r). Its state: the box at the current rank (the largest key
     # below the previous rank's), and the list of the boxes kept so far (corners, area
@@ -283,12 +307,11 @@ def non_max_suppression(node: Node, ctx: LowerContext) -> Lowered:
         scaffold.append(len(stmts))
         stmts.append(temp_stmt(ctx, name, idx, shape, "=", zero))
     first = len(stmts)
-    k, low = f"{key}(i, b, c)", f"int64({-2 ** 31 + 1}) * 4294967296"
+    k = f"{key}(i, b, c)"
     stmts.append(temp_stmt(ctx, cur, loop, shape3, "max=!",
-                           f"r == 0 ? {k} : ({k} < {cur}(r - 1, b, c) ? {k} : {low})",
+                           f"r == 0 ? {k} : ({k} < {cur}(r - 1, b, c) ? {k} : {LOWEST_KEY})",
                            lets=[f"i in 0:{s}"]))
-    stmts.append(temp_stmt(ctx, bidx, loop, shape3, "=",
-                           f"int32({s} - bitand({cur}(r, b, c), 4294967295))"))
+    stmts.append(temp_stmt(ctx, bidx, loop, shape3, "=", key_index(f"{cur}(r, b, c)", s)))
     at = f"max(0, min({bidx}(r, b, c), {s - 1}))"
     box = lambda q: ref(ctx, boxes, ["b", at, str(q)])  # noqa: E731
     if node.attr("center_point_box", 0):
@@ -316,8 +339,11 @@ def non_max_suppression(node: Node, ctx: LowerContext) -> Lowered:
     # holds): the step's loops over the kept slots and the classes then vectorize
     overlap = [f"{iw} > 0", f"{ih} > 0", f"{inter} > 0", f"{area}(r, b, c) > 0",
                f"{kc(4)} > 0", f"{union} > 0", f"{inter} / {union} > {iou_thr}"]
+    # (it reads the list at rank r - 1: its update runs from rank 1 on, its
+    # initialisation at every rank; with a single box, the update has no instance)
     stmts.append(temp_stmt(ctx, sup, loop, shape3, "+=!",
-                           _all([f"t < {seen}(r, b, c)", *overlap]), lets=[f"t in 0:{per_class}"]))
+                           _all([f"t < {seen}(r, b, c)", *overlap]),
+                           lets=[f"t in 0:{per_class}"]))
     passes = [f"{sc(at)} > {score_thr}"] if score_thr else []
     stmts.append(temp_stmt(ctx, keep, loop, shape3, "=",
                            _all([f"{sup}(r, b, c) == 0", f"{seen}(r, b, c) < {per_class}",

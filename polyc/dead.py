@@ -25,7 +25,9 @@ from .ir import Kernel
 
 
 def drop_dead_writes(kernel: Kernel) -> Kernel:
-    """``kernel`` with every plain assignment restricted to its live instances."""
+    """``kernel`` with every plain assignment restricted to its live instances, and
+    every statement without instances dropped."""
+    kernel = _drop_empty(kernel)
     writers = Counter(s.write.array for s in kernel.statements)
     # an instance dies when a later write hides it (a second writer of its array), or
     # when nothing reads its array at all; both are rare, so test before asking isl
@@ -53,4 +55,18 @@ def drop_dead_writes(kernel: Kernel) -> Kernel:
     statements = tuple(replace(s, domain=domains[s.name]) if s.name in domains else s
                        for s in kernel.statements if s.name not in dropped)
     order = tuple((name, beta) for name, beta in kernel.order if name not in dropped)
+    return replace(kernel, statements=statements, order=order)
+
+
+def _drop_empty(kernel: Kernel) -> Kernel:
+    """``kernel`` without its statements of no instance at its sizes (a recurrence's
+    update that reads the step before, over one step: NonMaxSuppression of a single
+    box), which run nothing and which a program-order schedule cannot place; all of
+    them kept when all are empty (see above)."""
+    empty = {s.name for s in kernel.statements
+             if s.domain.intersect_params(kernel.context).is_empty()}
+    if not empty or len(empty) == len(kernel.statements):
+        return kernel
+    statements = tuple(s for s in kernel.statements if s.name not in empty)
+    order = tuple((name, beta) for name, beta in kernel.order if name not in empty)
     return replace(kernel, statements=statements, order=order)

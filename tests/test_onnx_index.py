@@ -36,6 +36,39 @@ def test_topk_with_ties(largest, axis):
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8, np.int64,
+                                   np.float64])
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_dtypes_nan_and_every_k(dtype, largest):
+    """K of 1, 4 and the row (a full sort) along a middle axis, on the dtypes with
+    a 32-bit sort key (selected one after another) and the 64-bit ones (ranked), with
+    ties, -0.0 beside 0.0, infinities and NaN (the highest value, as onnx's reference
+    sorts: first for the largest, last for the smallest), against onnx's reference."""
+    from onnx.reference import ReferenceEvaluator
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 6, (3, 11, 2)).astype(dtype)  # ties
+    if np.issubdtype(dtype, np.floating):
+        x[0, [1, 5], 0] = np.nan
+        x[1, 2, 1], x[1, 7, 1] = -0.0, 0.0
+        x[2, 3, 0], x[2, 9, 0] = np.inf, -np.inf
+    types = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16,
+             np.int32: TensorProto.INT32, np.uint8: TensorProto.UINT8,
+             np.int64: TensorProto.INT64, np.float64: TensorProto.DOUBLE}
+    for k in (1, 4, 11):
+        node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=largest)
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", types[dtype],
+                                                                          [3, 11, 2])],
+                              [helper.make_tensor_value_info("v", types[dtype], None),
+                               helper.make_tensor_value_info("i", TensorProto.INT64, None)],
+                              [numpy_helper.from_array(np.array([k], np.int64), "k")])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)],
+                                  ir_version=8)
+        want = ReferenceEvaluator(model).run(None, {"x": x})
+        got = polyc.compile_onnx(model).run(None, {"x": x})
+        np.testing.assert_array_equal(got[1], want[1], err_msg=f"k={k}")
+        np.testing.assert_array_equal(got[0], want[0], err_msg=f"k={k}")
+
+
 @pytest.mark.parametrize("reduction", ["add", "mul", "max", "min"])
 def test_scatter_elements_reduces_duplicate_targets(reduction):
     rng = np.random.default_rng(2)

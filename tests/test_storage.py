@@ -113,6 +113,20 @@ def test_what_the_dead_write_pass_keeps(source, kept):
     assert after.statements[-1].domain.is_equal(kernel.statements[-1].domain)
 
 
+def test_statements_without_instances_go():
+    """A statement whose domain is empty at the kernel's sizes (a sum over the steps
+    after the first, with one step) runs nothing and is dropped, whatever its kind."""
+    src = """def k(float(4, 1) X) -> (Y) {
+                 Y(i) +=! X(i, j - 1) where j in 1:1
+                 Y(i) = Y(i) + 1.0
+             }"""
+    kernel = from_tc(src)
+    after = pipeline.prepare_kernel(kernel)
+    assert len(after.statements) == len(kernel.statements) - 1
+    x = np.arange(4, dtype=np.float32).reshape(4, 1)
+    np.testing.assert_array_equal(polyc.define(src)(x), np.ones(4, np.float32))
+
+
 def test_partly_overwritten_output_keeps_the_rest():
     src = """def k(float(N) X) -> (Y) {
                  Y(i) = X(i)
