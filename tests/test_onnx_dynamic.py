@@ -331,6 +331,25 @@ def test_greedy_selection_stops_early(n, target):
             assert re.search(r"if \(v_more\w*\[0\] == 0\)\s*break;", compiled.c_source)
 
 
+@pytest.mark.parametrize("options", [dict(fusion="min"), dict(tile=False, register_tile=False),
+                                     dict(parallel=False)], ids=str)
+def test_greedy_selection_under_scheduler_options(options):
+    """The early exit and the folded state hold under the other schedules too (fusion
+    "max" and the Pluto scheduler run past their time budgets on this kernel, 7 and 12 s,
+    and fall back to isl's default with a warning: checked by hand, not here)."""
+    rng = np.random.default_rng(13)
+    b, c, n = 1, 3, 25
+    boxes, scores = _boxes(rng, b, n, 0), rng.random((b, c, n)).astype(np.float32)
+    model = _model([helper.make_node("NonMaxSuppression",
+                                     ["boxes", "scores", "k", "iou", "score"], ["sel"])],
+                   [("boxes", F, [b, n, 4]), ("scores", F, [b, c, n]), ("k", I64, [1]),
+                    ("iou", F, [1]), ("score", F, [1])], [("sel", I64)], opset=11)
+    feed = {"boxes": boxes, "scores": scores, "iou": np.array([0.3], np.float32),
+            "score": np.array([0.2], np.float32)}
+    _check(model, feed, {"options": polyc.Options(**options)},
+           values={"k": np.array([3], np.int64)})
+
+
 def test_nms_float16_scores_and_float64_refused():
     """float16 boxes and scores (keys from the scores widened to float32, exactly) match
     onnx's reference; float64 scores are refused with the reason (ONNX's op takes float)."""
