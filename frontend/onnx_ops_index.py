@@ -29,9 +29,9 @@ from polyc.program import IndexCheck
 
 from .onnx_control import NOT_FLATTENED
 from .onnx_graph import LowerContext, Lowered, Node, register
-from .onnx_ops_math import FLOATS, cast_to, idx_names, lit, norm_axis, present, ref, stmt, \
+from .onnx_ops_math import cast_to, idx_names, lit, norm_axis, present, ref, stmt, \
     str_attr, temp_stmt, unsupported
-from .onnx_ops_select import KEYED, LOWEST_KEY, key_index, sort_key
+from .onnx_ops_select import KEYED, key_index, next_key, same_value, sort_key, sorts_before
 from .onnx_ops_shape import keys_weights
 
 
@@ -127,8 +127,7 @@ def top_k(node: Node, ctx: LowerContext) -> Lowered:
         stmts = [temp_stmt(ctx, sel, out, kshape, "=", "int64(0)"),  # declares it (scaffold)
                  temp_stmt(ctx, key, along("a"), xs, "=",
                            sort_key(at("a"), dt, "a", n, descending=largest, nan_high=True)),
-                 temp_stmt(ctx, sel, out, kshape, "max=!",
-                           f"r == 0 ? {ka} : ({ka} < {prev} ? {ka} : {LOWEST_KEY})",
+                 temp_stmt(ctx, sel, out, kshape, "max=!", next_key(ka, prev, "r"),
                            lets=[f"a in 0:{n}"])]
         picked = key_index(f"{sel}({', '.join(out)})", n)
         if values:
@@ -139,14 +138,8 @@ def top_k(node: Node, ctx: LowerContext) -> Lowered:
     # 64-bit values: the rank of each entry among its row (ties: the lower index first;
     # NaN the highest value), then the entry at each rank
     a_, b_ = at("a"), at("b")
-    if dt in FLOATS:
-        nan_b, nan_a = f"{b_} != {b_}", f"{a_} != {a_}"
-        same = f"({b_} == {a_} || ({nan_b} && {nan_a}))"
-        first = (f"{b_} > {a_} || ({nan_b} && !({nan_a}))" if largest else
-                 f"{b_} < {a_} || ({nan_a} && !({nan_b}))")
-    else:
-        same = f"{b_} == {a_}"
-        first = f"{b_} {'>' if largest else '<'} {a_}"
+    first = sorts_before(a_, b_, dt) if largest else sorts_before(b_, a_, dt)
+    same = same_value(b_, a_, dt)
     ranks = ctx.temp("rank")
     stmts = [temp_stmt(ctx, ranks, along("a"), list(xs), "+=!",
                        f"({first} || ({same} && b < a)) ? 1 : 0", lets=[f"b in 0:{n}"])]

@@ -86,12 +86,12 @@ def _truth(ctx: LowerContext, tensor: str, idx: list[str]) -> str:
     return f"({r} != 0)" if dt == "bool" else f"({r} != {lit(0, dt)})"
 
 
-def _same(a: str, b: str, dt: str) -> str:
+def same_value(a: str, b: str, dt: str) -> str:
     """``a`` and ``b`` are the same value (NaNs all the same, as numpy's unique)."""
     return f"({a} == {b} || ({a} != {a} && {b} != {b}))" if dt in FLOATS else f"({a} == {b})"
 
 
-def _before(a: str, b: str, dt: str) -> str:
+def sorts_before(a: str, b: str, dt: str) -> str:
     """``a`` sorts strictly before ``b`` (NaN last, as numpy)."""
     return f"({a} < {b} || ({a} == {a} && {b} != {b}))" if dt in FLOATS else f"({a} < {b})"
 
@@ -134,6 +134,13 @@ def sort_key(value: str, dtype: str, i: str, n: int, *, descending: bool = True,
     if not descending:
         k32 = f"bitnot({k32})"  # -k - 1: the order reversed, within int32
     return f"int64({k32}) * 4294967296 + int64({n} - {i})"
+
+
+def next_key(key: str, previous: str, step: str) -> str:
+    """The value whose ``max`` over the entries is the key at ``step``: the largest key
+    of all at step 0, then the largest below the key at the step before (``previous``):
+    the entries one after another in key order, O(n) a step."""
+    return f"{step} == 0 ? {key} : ({key} < {previous} ? {key} : {LOWEST_KEY})"
 
 
 def key_index(key: str, n: int) -> str:
@@ -205,8 +212,8 @@ def unique(node: Node, ctx: LowerContext) -> Lowered:
 
         def at(k: str, o: list[str]) -> str:
             return ref(ctx, x, _unravel(k, xs))
-        same = lambda j, k: _same(at(j, []), at(k, []), dt)  # noqa: E731
-        less = lambda j, k: _before(at(j, []), at(k, []), dt)  # noqa: E731
+        same = lambda j, k: same_value(at(j, []), at(k, []), dt)  # noqa: E731
+        less = lambda j, k: sorts_before(at(j, []), at(k, []), dt)  # noqa: E731
     else:
         a = norm_axis(node, int(axis), len(xs))
         n = xs[a]
@@ -221,8 +228,8 @@ def unique(node: Node, ctx: LowerContext) -> Lowered:
         pos = _linear(other, oshape)
         xj, xk = at("j", other), at("k", other)
         for name, op, value in (
-                (diff, "min=!", f"{_same(xj, xk, dt)} ? {width} : {pos}"),
-                (lt, "max=!", f"({pos} == {diff}(j, k) && {_before(xj, xk, dt)}) ? 1 : 0")):
+                (diff, "min=!", f"{same_value(xj, xk, dt)} ? {width} : {pos}"),
+                (lt, "max=!", f"({pos} == {diff}(j, k) && {sorts_before(xj, xk, dt)}) ? 1 : 0")):
             stmts.append(temp_stmt(ctx, name, ["j", "k"], (n, n), op, value,
                                    lets=[f"{o} in 0:{m}" for o, m in zip(other, oshape)]))
         same = lambda j, k: f"({diff}({j}, {k}) == {width})"  # noqa: E731
@@ -309,8 +316,7 @@ def non_max_suppression(node: Node, ctx: LowerContext) -> Lowered:
     first = len(stmts)
     k = f"{key}(i, b, c)"
     stmts.append(temp_stmt(ctx, cur, loop, shape3, "max=!",
-                           f"r == 0 ? {k} : ({k} < {cur}(r - 1, b, c) ? {k} : {LOWEST_KEY})",
-                           lets=[f"i in 0:{s}"]))
+                           next_key(k, f"{cur}(r - 1, b, c)", "r"), lets=[f"i in 0:{s}"]))
     stmts.append(temp_stmt(ctx, bidx, loop, shape3, "=", key_index(f"{cur}(r, b, c)", s)))
     at = f"max(0, min({bidx}(r, b, c), {s - 1}))"
     box = lambda q: ref(ctx, boxes, ["b", at, str(q)])  # noqa: E731

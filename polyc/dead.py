@@ -53,9 +53,8 @@ def drop_dead_writes(kernel: Kernel) -> Kernel:
     if not domains and not dropped:
         return kernel
     statements = tuple(replace(s, domain=domains[s.name]) if s.name in domains else s
-                       for s in kernel.statements if s.name not in dropped)
-    order = tuple((name, beta) for name, beta in kernel.order if name not in dropped)
-    return replace(kernel, statements=statements, order=order)
+                       for s in kernel.statements)
+    return _without(replace(kernel, statements=statements), dropped)
 
 
 def _drop_empty(kernel: Kernel) -> Kernel:
@@ -67,6 +66,12 @@ def _drop_empty(kernel: Kernel) -> Kernel:
              if s.domain.intersect_params(kernel.context).is_empty()}
     if not empty or len(empty) == len(kernel.statements):
         return kernel
-    statements = tuple(s for s in kernel.statements if s.name not in empty)
-    order = tuple((name, beta) for name, beta in kernel.order if name not in empty)
-    return replace(kernel, statements=statements, order=order)
+    return _without(kernel, empty)
+
+
+def _without(kernel: Kernel, names: set[str]) -> Kernel:
+    """``kernel`` without the statements ``names`` (nor their program-order positions)."""
+    if not names:
+        return kernel
+    return replace(kernel, statements=tuple(s for s in kernel.statements if s.name not in names),
+                   order=tuple((n, beta) for n, beta in kernel.order if n not in names))

@@ -126,6 +126,15 @@ def _boxes(rng, batches, n, center):
                     np.concatenate([corners, other], 2)).astype(np.float32)
 
 
+def _nms_model(b, c, n):
+    """NonMaxSuppression of ``b x n`` boxes and ``b x c x n`` scores, every input given
+    (the per-class limit at compile time, the thresholds at run time)."""
+    return _model([helper.make_node("NonMaxSuppression",
+                                    ["boxes", "scores", "k", "iou", "score"], ["sel"])],
+                  [("boxes", F, [b, n, 4]), ("scores", F, [b, c, n]), ("k", I64, [1]),
+                   ("iou", F, [1]), ("score", F, [1])], [("sel", I64)], opset=11)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("center,thresholds", [(0, True), (1, True), (0, False)])
 def test_non_max_suppression(center, thresholds, target):
@@ -168,10 +177,7 @@ def test_non_max_suppression_many_classes(per_class, target):
     scores = rng.random((b, c, n)).astype(np.float32)
     scores[0, 2, 3] = np.nan
     scores[0, 5, [1, 8, 20]] = scores[0, 5, 30]  # ties: lower indices first
-    model = _model([helper.make_node("NonMaxSuppression",
-                                     ["boxes", "scores", "k", "iou", "score"], ["sel"])],
-                   [("boxes", F, [b, n, 4]), ("scores", F, [b, c, n]), ("k", I64, [1]),
-                    ("iou", F, [1]), ("score", F, [1])], [("sel", I64)], opset=11)
+    model = _nms_model(b, c, n)
     feed = {"boxes": boxes, "scores": scores, "iou": np.array([0.3], np.float32),
             "score": np.array([0.1], np.float32)}
     _check(model, feed, target, values={"k": np.array([per_class], np.int64)})
@@ -319,10 +325,7 @@ def test_greedy_selection_stops_early(n, target):
     boxes = _boxes(rng, b, n, 0)
     scores = rng.random((b, c, n)).astype(np.float32)
     scores[1, 3] = 0.05  # a class where nothing passes: done at rank 0
-    model = _model([helper.make_node("NonMaxSuppression",
-                                     ["boxes", "scores", "k", "iou", "score"], ["sel"])],
-                   [("boxes", F, [b, n, 4]), ("scores", F, [b, c, n]), ("k", I64, [1]),
-                    ("iou", F, [1]), ("score", F, [1])], [("sel", I64)], opset=11)
+    model = _nms_model(b, c, n)
     for k, iou, score in ((3, 0.5, 0.1), (2, 0.0, 0.0), (n, 0.4, 0.6), (n, 1.0, 0.0)):
         feed = {"boxes": boxes, "scores": scores, "iou": np.array([iou], np.float32),
                 "score": np.array([score], np.float32)}
@@ -340,10 +343,7 @@ def test_greedy_selection_under_scheduler_options(options):
     rng = np.random.default_rng(13)
     b, c, n = 1, 3, 25
     boxes, scores = _boxes(rng, b, n, 0), rng.random((b, c, n)).astype(np.float32)
-    model = _model([helper.make_node("NonMaxSuppression",
-                                     ["boxes", "scores", "k", "iou", "score"], ["sel"])],
-                   [("boxes", F, [b, n, 4]), ("scores", F, [b, c, n]), ("k", I64, [1]),
-                    ("iou", F, [1]), ("score", F, [1])], [("sel", I64)], opset=11)
+    model = _nms_model(b, c, n)
     feed = {"boxes": boxes, "scores": scores, "iou": np.array([0.3], np.float32),
             "score": np.array([0.2], np.float32)}
     _check(model, feed, {"options": polyc.Options(**options)},

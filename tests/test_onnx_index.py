@@ -36,14 +36,19 @@ def test_topk_with_ties(largest, axis):
         np.testing.assert_array_equal(g, w)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8, np.int64,
-                                   np.float64])
+CUDA = {"target": "cuda", "emulate": True}
+
+
+@pytest.mark.parametrize("dtype,target", [
+    (np.float32, {}), (np.float16, {}), (np.int32, {}), (np.uint8, {}), (np.int64, {}),
+    (np.float64, {}), (np.float32, CUDA), (np.float64, CUDA)], ids=str)
 @pytest.mark.parametrize("largest", [1, 0])
-def test_topk_dtypes_nan_and_every_k(dtype, largest):
+def test_topk_dtypes_nan_and_every_k(dtype, target, largest):
     """K of 1, 4 and the row (a full sort) along a middle axis, on the dtypes with
     a 32-bit sort key (selected one after another) and the 64-bit ones (ranked), with
     ties, -0.0 beside 0.0, infinities and NaN (the highest value, as onnx's reference
-    sorts: first for the largest, last for the smallest), against onnx's reference."""
+    sorts: first for the largest, last for the smallest), against onnx's reference; both
+    paths on CUDA (emulated) too."""
     from onnx.reference import ReferenceEvaluator
     rng = np.random.default_rng(3)
     x = rng.integers(0, 6, (3, 11, 2)).astype(dtype)  # ties
@@ -64,7 +69,7 @@ def test_topk_dtypes_nan_and_every_k(dtype, largest):
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)],
                                   ir_version=8)
         want = ReferenceEvaluator(model).run(None, {"x": x})
-        got = polyc.compile_onnx(model).run(None, {"x": x})
+        got = polyc.compile_onnx(model, **target).run(None, {"x": x})
         np.testing.assert_array_equal(got[1], want[1], err_msg=f"k={k}")
         np.testing.assert_array_equal(got[0], want[0], err_msg=f"k={k}")
 

@@ -290,10 +290,7 @@ def _split_for_threads(sizes: list[int], extents: list[int | None], flags: list[
         unit = 1 if reg is None else reg.mr if best == reg.u else reg.nr if best == reg.v \
             else 1
         per_thread = -(-(extents[best] or 0) // threads)
-        size = -(-per_thread // unit) * unit
-        if size > per_thread * UNEVEN_SPLIT and (reg is None or best != reg.v):
-            size = per_thread  # a partial register tile each, not one thread with twice
-            # the other's rows (16 blocks of a GEMV: 12 + 4); never a cut vector
+        size = _share(per_thread, unit, reg is not None and best == reg.v)
         if size < (extents[best] or 0):  # (a 32-channel vector member cannot be cut)
             sizes = list(sizes)
             sizes[best] = size
@@ -366,6 +363,14 @@ BALANCE_TILES = True
 UNEVEN_SPLIT = 1.25
 
 
+def _share(even: int, unit: int, vector: bool) -> int:
+    """A thread's tile of a member whose even share is ``even``: whole register tiles
+    (``unit``), unless those are :data:`UNEVEN_SPLIT` times the share; a vector member's
+    always (a partial tile there is a cut vector)."""
+    size = -(-even // unit) * unit
+    return even if size > even * UNEVEN_SPLIT and not vector else size
+
+
 def _balanced(sizes: list[int], extents: list[int | None], member: int | None,
               reg: register_tile.Plan | None, threads: int) -> list[int]:
     """The tiles of ``member`` (the one the ``parallel`` loop will run) made a multiple
@@ -378,10 +383,7 @@ def _balanced(sizes: list[int], extents: list[int | None], member: int | None,
     trips = -(-extents[i] // sizes[i])
     unit = 1 if reg is None else reg.mr if i == reg.u else reg.nr if i == reg.v else 1
     tiles = -(-trips // threads) * threads
-    even = -(-extents[i] // tiles)
-    size = -(-even // unit) * unit
-    if size > even * UNEVEN_SPLIT and (reg is None or i != reg.v):
-        size = even
+    size = _share(-(-extents[i] // tiles), unit, reg is not None and i == reg.v)
     if size >= sizes[i]:
         return sizes
     sizes = list(sizes)
