@@ -276,7 +276,7 @@ def schedule_function(options: Options, progress: bool = False) -> Callable[[Ker
                 if len(_SCHEDULES) >= _SCHEDULES_MAX:
                     _SCHEDULES.pop(next(iter(_SCHEDULES)))
                 _SCHEDULES[key] = found
-        kernel, _ = pipeline.storage_rewrites(kernel, found)
+        kernel, _, found = pipeline.storage_rewrites(kernel, found)
         return kernel, found
     return schedule
 

@@ -216,19 +216,21 @@ def prepare_kernel(kernel: Kernel, options: Options | None = None) -> Kernel:
     return kernel if options is None else pack_operands(kernel, options)
 
 
-def storage_rewrites(kernel: Kernel, schedule: isl.Schedule) -> tuple[Kernel, Any]:
+def storage_rewrites(kernel: Kernel, schedule: isl.Schedule
+                     ) -> tuple[Kernel, Any, isl.Schedule]:
     """The rewrites of a kernel's storage once ``schedule`` is known: its folds
     (:func:`fold_storage_hints`), then temporaries sharing storage
-    (:func:`polyc.share.share_storage`). Returns the kernel and its dependences when
-    they changed (else None)."""
+    (:func:`polyc.share.share_storage`). Returns the kernel, its dependences when they
+    changed (else None) and its schedule (less the copies sharing made repeats)."""
     kernel, deps = fold_storage_hints(kernel, schedule)
-    shared, shared_deps = share_storage(kernel, schedule)
-    return (shared, shared_deps) if shared_deps is not None else (kernel, deps)
+    shared, shared_deps, schedule = share_storage(kernel, schedule)
+    return (shared, shared_deps, schedule) if shared_deps is not None \
+        else (kernel, deps, schedule)
 
 
 def _folded(scheduled: Scheduled) -> Scheduled:
-    kernel, deps = storage_rewrites(scheduled.kernel, scheduled.schedule)
-    return Scheduled(kernel, scheduled.deps if deps is None else deps, scheduled.schedule)
+    kernel, deps, schedule = storage_rewrites(scheduled.kernel, scheduled.schedule)
+    return Scheduled(kernel, scheduled.deps if deps is None else deps, schedule)
 
 
 #: lines of C past which a tiled kernel is compiled untiled: isl's AST of parametric tiles

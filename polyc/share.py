@@ -16,8 +16,18 @@ zeros), and only those of at least :data:`MIN_SHARED_BYTES` (small ones cost no
 cache, and codegen may keep them in registers). A run of temporaries may end in an
 output that comes after them and writes every element of itself: they then live in
 the output's storage (the unrolled Jacobi sweeps run in the two output arrays, as the
-in-place C does). The renamed kernel's dependences are
-computed again and the schedule checked against them; if it fails, nothing is shared.
+in-place C does).
+
+Where the tree does not keep two lifetimes apart -- the sweeps fused into one loop over
+the rows (:mod:`polyc.schedule.fuse`), each a row behind the one before -- a renaming is
+kept when the renamed kernel's dependences, computed anew, hold under the schedule (at
+most :data:`MAX_CHECKED_TRIALS` tries). Renaming can make a copy repeat an earlier one:
+each sweep copies the borders of its array from the same input, so once the arrays
+share storage the later copies write what is there already, and their anti dependences
+on the sweeps between would forbid the fused order. Such instances go
+(:func:`_without_repeats`, with the schedule restricted to what is left). The final
+renamed kernel's dependences are computed again and the schedule checked against them;
+if it fails, nothing is shared.
 """
 from __future__ import annotations
 
@@ -35,6 +45,9 @@ from .schedule import register_tile
 
 #: temporaries smaller than this keep their own storage
 MIN_SHARED_BYTES = 1 << 16
+#: the most renamings checked against the dependences (each computes them anew), for
+#: lifetimes that overlap in the schedule tree
+MAX_CHECKED_TRIALS = 12
 
 
 @dataclass
@@ -49,21 +62,28 @@ class _Slot:
     paths: list
     output: str | None = None
 
-    def takes(self, dtype: str, shape: tuple[int, ...], first: int, paths: list) -> bool:
+    def fits(self, dtype: str, shape: tuple[int, ...], first: int) -> bool:
+        """Could an array first used by statement ``first`` follow the members here (in
+        program order, of the same element type and shape)?"""
         return self.output is None and self.dtype == dtype and self.shape == shape \
-            and self.last_statement < first and _before(self.paths, paths)
+            and self.last_statement < first
+
+    def target(self) -> str:
+        return self.output or self.members[0]
 
 
-def share_storage(kernel: Kernel, schedule: isl.Schedule) -> tuple[Kernel, Dependences | None]:
+def share_storage(kernel: Kernel, schedule: isl.Schedule
+                  ) -> tuple[Kernel, Dependences | None, isl.Schedule]:
     """``kernel`` with its temporaries sharing storage where ``schedule`` allows (see the
-    module doc), and the new kernel's dependences (None when nothing is shared)."""
+    module doc), the new kernel's dependences (None when nothing is shared) and its
+    schedule (``schedule`` less the copies that sharing made repeats)."""
     if kernel.order or kernel.folds:  # statements sharing loops (C input), folds pending
-        return kernel, None
+        return kernel, None, schedule
     sized = {a.name: shape for a in kernel.temporaries
              if (shape := _shape(kernel, a.name)) is not None
              and _count(shape) * itemsize(a.dtype) >= MIN_SHARED_BYTES}
     if len(sized) < 2 and not (sized and kernel.outputs):
-        return kernel, None
+        return kernel, None, schedule
     outputs = {name: shape for name in kernel.outputs if name not in kernel.inputs
                and (shape := _shape(kernel, name)) is not None}
     paths = _paths(schedule)
@@ -88,12 +108,22 @@ def share_storage(kernel: Kernel, schedule: isl.Schedule) -> tuple[Kernel, Depen
                 where.setdefault(a, []).extend(paths.get(s.name, []))
     uninitialized = arrays_read_uninitialized(kernel)
     slots: list[_Slot] = []
+    trials = MAX_CHECKED_TRIALS
     for name in sorted((a for a in span if a not in uninitialized), key=lambda a: span[a][0]):
         first, last = span[name]
         dtype, shape = kernel.array(name).dtype, sized.get(name) or outputs[name]
-        slot = next((t for t in slots if t.takes(dtype, shape, first, where[name])), None)
-        if name in outputs:  # it ends the slot's storage, when it writes all of it
-            if slot is not None and _writes_all(kernel, name):
+        if name in outputs and not _writes_all(kernel, name):
+            continue  # (it cannot end a slot, and outputs start none)
+        fitting = [t for t in slots if t.fits(dtype, shape, first)]
+        slot = next((t for t in fitting if _before(t.paths, where[name])), None)
+        if slot is None:  # lifetimes that overlap in the tree (a fused loop): check them
+            for t in fitting[:trials]:
+                trials -= 1
+                if _legal(kernel, schedule, _renames(slots, t, name, name in outputs)):
+                    slot = t
+                    break
+        if name in outputs:  # it ends the slot's storage
+            if slot is not None:
                 slot.output = name
         elif slot is None:
             slots.append(_Slot([name], dtype, shape, last, list(where[name])))
@@ -101,17 +131,115 @@ def share_storage(kernel: Kernel, schedule: isl.Schedule) -> tuple[Kernel, Depen
             slot.members.append(name)
             slot.last_statement = last
             slot.paths.extend(where[name])
-    renamed = {m: t.output or t.members[0] for t in slots for m in t.members
-               if m != (t.output or t.members[0])}
+    renamed = _renames(slots)
     if not renamed:
-        return kernel, None
-    shared = _renamed(kernel, renamed)
+        return kernel, None, schedule
+    shared = _shared(kernel, renamed)
     deps = compute_dependences(shared)
+    schedule_left = _restricted(schedule, shared)
     try:
-        check.check_schedule(shared, deps, schedule)
+        check.check_schedule(shared, deps, schedule_left)
     except ScheduleError:
-        return kernel, None
-    return shared, deps
+        return kernel, None, schedule
+    return shared, deps, schedule_left
+
+
+def _renames(slots: list[_Slot], slot: _Slot | None = None, name: str = "",
+             output: bool = False) -> dict[str, str]:
+    """Each slot's members renamed to its storage; with ``slot``, ``name`` joins it too
+    (``output``: as the output that ends it, whose storage all of them then take)."""
+    out: dict[str, str] = {}
+    for t in slots:
+        members, target = list(t.members), t.target()
+        if t is slot:
+            if output:
+                target = name
+            else:
+                members.append(name)
+        out.update({m: target for m in members if m != target})
+    return out
+
+
+def _legal(kernel: Kernel, schedule: isl.Schedule, renamed: dict[str, str]) -> bool:
+    """Does ``schedule`` keep the dependences of ``kernel`` with ``renamed`` sharing
+    storage? (Exact, for lifetimes the tree alone does not keep apart.)"""
+    shared = _shared(kernel, renamed)
+    try:
+        check.check_schedule(shared, compute_dependences(shared), _restricted(schedule, shared))
+    except ScheduleError:
+        return False
+    return True
+
+
+def _shared(kernel: Kernel, renamed: dict[str, str]) -> Kernel:
+    return _without_repeats(_renamed(kernel, renamed)) if renamed else kernel
+
+
+def _restricted(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
+    """``schedule`` over the statement instances ``kernel`` still has."""
+    domain = kernel.domain()
+    have = schedule.get_domain().intersect_params(kernel.context)
+    return schedule if have.is_subset(domain) else schedule.intersect_domain(domain)
+
+
+def _without_repeats(kernel: Kernel) -> Kernel:
+    """``kernel`` without the instances of copies that write again, from an array
+    nothing writes, what an earlier copy wrote to the same element with nothing writing
+    it between: once temporaries share storage, each unrolled Jacobi sweep's copy of the
+    borders repeats the first sweep's (and its anti dependences on the sweeps between
+    would forbid fusing them). A copy left with no instance goes."""
+    written = {s.write.array for s in kernel.statements}
+    kept: list = []
+    changed = False
+    for s in kernel.statements:
+        mine = _copy_map(s, kernel, written)
+        if mine is not None:
+            repeated = mine.domain().subtract(mine.domain())
+            for j, p in enumerate(kept):
+                theirs = _copy_map(p, kernel, written) \
+                    if p.write.array == s.write.array and p.value == s.value else None
+                if theirs is None:
+                    continue
+                same = mine.intersect(theirs).domain()
+                for t in kept[j + 1:]:
+                    if same.is_empty():
+                        break
+                    same = same.subtract(_written(t, kernel, same))
+                repeated = repeated.union(same)
+            if not repeated.is_empty():
+                dom = s.domain.intersect_params(kernel.context)
+                again = s.write.relation(dom, kernel.array(s.write.array).shape) \
+                    .intersect_range(repeated).domain()
+                left = dom.subtract(again)
+                changed = True
+                if left.is_empty():
+                    continue
+                s = replace(s, domain=left)
+        kept.append(s)
+    return replace(kernel, statements=tuple(kept)) if changed else kernel
+
+
+def _copy_map(s, kernel: Kernel, written: set[str]) -> isl.Map | None:
+    """``{ X[e] -> Y[f] }`` when ``s`` is ``X(..) = Y(..)`` with affine indices and
+    ``Y`` written by no statement; else None."""
+    v = s.value
+    if s.op != "=" or not isinstance(v, E.Read) or v.array in written \
+            or not s.write.is_affine or not all(E.is_affine(i) for i in v.indices):
+        return None
+    dom = s.domain.intersect_params(kernel.context)
+    out = s.write.relation(dom, kernel.array(s.write.array).shape)
+    src = Access(v.array, tuple(v.indices)).relation(dom, kernel.array(v.array).shape)
+    return out.reverse().apply_range(src)
+
+
+def _written(t, kernel: Kernel, elements: isl.Set) -> isl.Set:
+    """The ``elements`` statement ``t`` may write."""
+    if t.write.array != elements.get_tuple_name():
+        return elements.subtract(elements)
+    if not t.write.is_affine:
+        return elements
+    dom = t.domain.intersect_params(kernel.context)
+    return t.write.relation(dom, kernel.array(t.write.array).shape).range().intersect(elements)
 
 
 def _shape(kernel: Kernel, array: str) -> tuple[int, ...] | None:

@@ -50,6 +50,7 @@ from .errors import PolycWarning
 from .ir import Kernel
 from .codegen.toolchain import restore_cpus
 from .options import Options
+from .schedule.tiling import box_volume
 
 #: seconds of search per kernel for ``Options(tune=True)``
 DEFAULT_BUDGET = 10.0
@@ -127,7 +128,7 @@ def estimated_work(kernel: Kernel) -> int:
     total = 0
     for s in kernel.statements:
         if s.is_reduction:
-            total += _box_volume(s.domain.intersect_params(kernel.context))
+            total += box_volume(s.domain.intersect_params(kernel.context)) or 0
     return total
 
 
@@ -137,7 +138,7 @@ def instances(kernel: Kernel) -> tuple[int, int] | None:
     red = other = 0
     for s in kernel.statements:
         domain = s.domain.intersect_params(kernel.context)
-        n = _box_volume(domain)
+        n = box_volume(domain) or 0
         if n == 0 and not domain.is_empty():
             return None
         if s.is_reduction:
@@ -145,19 +146,6 @@ def instances(kernel: Kernel) -> tuple[int, int] | None:
         else:
             other += n
     return red, other
-
-
-def _box_volume(s: isl.Set) -> int:
-    if s.is_empty():
-        return 0
-    s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
-    volume = 1
-    for i in range(s.dim(isl.dim_type.set)):
-        lo, hi = s.dim_min_val(i), s.dim_max_val(i)
-        if not (lo.is_int() and hi.is_int()):
-            return 0
-        volume *= max(0, hi.to_python() - lo.to_python() + 1)
-    return volume
 
 
 def skip_reason(kernel: Kernel, options: Options, min_work: int | None = None) -> str | None:

@@ -101,3 +101,15 @@ def assert_matches_numpy(got, want, rtol=1e-4, atol=1e-4):
 @pytest.fixture
 def tmp_cache(tmp_path):
     return str(tmp_path / "cache")
+
+
+@pytest.fixture
+def tiny_l2(monkeypatch):
+    """An L2 of 256 bytes (``POLYC_L2_BYTES``): small kernels take the fused path
+    (:mod:`polyc.schedule.fuse`)."""
+    from polyc.schedule import machine
+    monkeypatch.setenv("POLYC_L2_BYTES", "256")
+    machine.l2_bytes.cache_clear()
+    yield
+    monkeypatch.delenv("POLYC_L2_BYTES")
+    machine.l2_bytes.cache_clear()

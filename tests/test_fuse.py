@@ -170,16 +170,6 @@ def test_fused_rows_mark():
     assert fuse.fused_rows(f"{fuse.FUSED}:x") is None
 
 
-@pytest.fixture
-def tiny_l2(monkeypatch):
-    """An L2 of 256 bytes (``POLYC_L2_BYTES``): small kernels take the fused path."""
-    monkeypatch.setenv("POLYC_L2_BYTES", "256")
-    machine.l2_bytes.cache_clear()
-    yield
-    monkeypatch.delenv("POLYC_L2_BYTES")
-    machine.l2_bytes.cache_clear()
-
-
 @pytest.mark.parametrize("m,n", [(1, 1), (2, 3), (13, 7), (27, 40), (40, 27)])
 @pytest.mark.parametrize("scheduler", ["isl", "pluto"])
 def test_fused_at_odd_small_sizes(tiny_l2, m, n, scheduler):

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 import polyc
-from polyc import pipeline
+from polyc import expr as E
+from polyc import pipeline, share
+from polyc.check import iter_nodes
 from polyc.deps import compute_dependences
 from polyc.frontend import from_tc
 from polyc.schedule import cache_blocks, scheduler
@@ -158,6 +160,82 @@ def test_jacobi_sweeps_run_in_the_outputs(n, opt):
     # 97x97 doubles: past MIN_SHARED_BYTES; fused sweeps (max fusion, Pluto) overlap
     if opt in ("default", "fusion-min", "no-tile", "tile-8", "serial") and n == 97:
         assert not kernel.temporaries, [t.name for t in kernel.temporaries]
+
+
+@pytest.mark.parametrize("n", [37, 130])
+@pytest.mark.parametrize("scheduler", ["isl", "pluto"])
+def test_fused_jacobi_sweeps_run_in_place(tiny_l2, n, scheduler):
+    """With an L2 smaller than the arrays, the unrolled sweeps fuse into one loop over the
+    rows (each sweep a row behind the last) and still run in the two outputs: the
+    borders each later sweep copies again are left out, so the sweeps cycle through the
+    same two arrays as the in-place C does. Exact at 1 and 2 threads."""
+    rng = np.random.default_rng(n)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    want = _jacobi_ref(3)(a, b)
+    for threads in (1, 2):
+        op = polyc.define(jacobi_tc(3), options=polyc.Options(threads=threads,
+                                                              scheduler=scheduler))
+        for _ in range(2):
+            for g, w in zip(op(a, b), want):
+                np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+        scheduled = op._shown().scheduled
+        if threads == 1 and scheduler == "isl":  # (Pluto fuses on its own terms)
+            assert _fused(scheduled.schedule), "the sweeps share one loop over the rows"
+        if n * n * 8 >= share.MIN_SHARED_BYTES:
+            assert not scheduled.kernel.temporaries, \
+                [t.name for t in scheduled.kernel.temporaries]
+            copies = [t for t in scheduled.kernel.statements if isinstance(t.value, E.Read)]
+            # each output's border (4n - 4 elements) copied once
+            assert sum(_instances(t) for t in copies) == 2 * (4 * n - 4)
+
+
+def _fused(schedule: isl.Schedule) -> bool:
+    """Whether a loop runs several statements (a band with a sequence below it)."""
+    return any(node.get_type() == isl.schedule_node_type.band and node.n_children()
+               and node.child(0).get_type() == isl.schedule_node_type.sequence
+               for node in iter_nodes(schedule.get_root()))
+
+
+def _instances(s) -> int:
+    dom = s.domain.project_out(isl.dim_type.param, 0, s.domain.dim(isl.dim_type.param))
+    return dom.count_val().to_python()
+
+
+def test_a_copy_is_kept_where_storage_changed_since():
+    """Once T1 and T2 live in T0's storage, T2's copy of A repeats T0's copy, but T1
+    wrote those elements in between: the copy stays (its values are not there any
+    more). And one that writes more than the copy before it keeps the rest."""
+    src = """def k(double(N) A, double(N) B) -> (Y, Z, W) {
+                 T0(i) = A(i)
+                 Y(i) = T0(i) * 2.0
+                 T1(i) = Y(i) + 1.0
+                 Z(i) = T1(i) * 3.0
+                 T2(i) = A(i)
+                 W(i) = T2(i) - Z(i)
+             }"""
+    n = 10_001
+    a, b = np.random.default_rng(5).standard_normal((2, n))
+    for opt in ("fusion-min", "default"):
+        op = polyc.define(src, options=OPTIONS[opt])
+        for _ in range(2):
+            y, z, w = op(a, b)
+            np.testing.assert_allclose(y, 2 * a)
+            np.testing.assert_allclose(z, 3 * (2 * a + 1))
+            np.testing.assert_allclose(w, a - z)
+
+
+def test_repeated_copies_go_and_partial_ones_shrink():
+    """share._without_repeats on its own: the second copy of X's first half from A goes,
+    the third (the whole of X) keeps only the half not copied before."""
+    src = """def k(double(N) A) -> (double(N) X) {
+                 X(i) = A(i) where i in 0:N/2
+                 X(i) = A(i) where i in 0:N/2
+                 X(i) = A(i) where i in 0:N
+             }"""
+    kernel = from_tc(src).specialize({"N": 10})
+    out = share._without_repeats(kernel)
+    assert len(out.statements) == 2
+    assert _instances(out.statements[1]) == 5
 
 
 def test_temporaries_that_meet_keep_their_own_storage():

@@ -440,28 +440,16 @@ def _is_tiny(node: isl.ScheduleNode, kernel: Kernel) -> bool:
         s = sets.get_at(k)
         if s.is_empty():
             continue
-        volume = _box_volume(s)
+        volume = tiling.box_volume(s)
         if volume is None:
             return False
         total += max(1, len(kernel.statement(s.get_tuple_name()).reads)) * volume
     prefix = node.get_prefix_schedule_union_map().intersect_params(kernel.context).range()
     if not prefix.is_empty():
         outer = prefix.get_set_list()
-        trips = _box_volume(outer.get_at(0)) if outer.n_set() == 1 else None
+        trips = tiling.box_volume(outer.get_at(0)) if outer.n_set() == 1 else None
         total //= max(1, trips or 1)
     return total < TINY_WORK
-
-
-def _box_volume(s: isl.Set) -> int | None:
-    """The points of the bounding box of ``s`` (None when a bound is not a number)."""
-    s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
-    volume = 1
-    for i in range(s.dim(isl.dim_type.set)):
-        lo, hi = s.dim_min_val(i), s.dim_max_val(i)
-        if not (lo.is_int() and hi.is_int()):
-            return None
-        volume *= max(0, hi.to_python() - lo.to_python() + 1)
-    return volume
 
 
 def _mark_simd(node: isl.ScheduleNode) -> isl.ScheduleNode:

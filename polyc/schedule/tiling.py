@@ -85,3 +85,18 @@ def wavefront(tiles: isl.ScheduleNode) -> isl.ScheduleNode:
     for i in range(1, n):
         node = node.band_member_set_coincident(i, 1)
     return node.band_split(1).child(0)
+
+
+def box_volume(s: isl.Set) -> int | None:
+    """The points of the bounding box of ``s`` (0 when empty; None when a bound is not a
+    number): a statement's instances, cheaply (isl counts points one by one)."""
+    if s.is_empty():
+        return 0
+    s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
+    volume = 1
+    for i in range(s.dim(isl.dim_type.set)):
+        lo, hi = s.dim_min_val(i), s.dim_max_val(i)
+        if not (lo.is_int() and hi.is_int()):
+            return None
+        volume *= max(0, hi.to_python() - lo.to_python() + 1)
+    return volume
