@@ -4,8 +4,9 @@ from __future__ import annotations
 import functools
 import os
 
-#: assumed when /sys does not say (a common L2 size per core)
+#: assumed when /sys does not say (common L2 and L1 data sizes per core)
 DEFAULT_L2_BYTES = 1 << 20
+DEFAULT_L1D_BYTES = 32 << 10
 
 
 def _parse_size(text: str) -> int | None:
@@ -20,21 +21,33 @@ def l2_bytes() -> int:
     """The per-core L2 (unified, level 2) cache size of CPU 0 (``POLYC_L2_BYTES``
     overrides it: to plan for another CPU, or to make small test kernels take the
     paths of large ones)."""
-    env = os.environ.get("POLYC_L2_BYTES", "").strip()
+    return _cache_bytes("POLYC_L2_BYTES", "2", ("Unified",), DEFAULT_L2_BYTES)
+
+
+@functools.lru_cache(maxsize=1)
+def l1d_bytes() -> int:
+    """The per-core L1 data cache size of CPU 0 (``POLYC_L1D_BYTES`` overrides it)."""
+    return _cache_bytes("POLYC_L1D_BYTES", "1", ("Data",), DEFAULT_L1D_BYTES)
+
+
+def _cache_bytes(variable: str, level: str, types: tuple[str, ...], default: int) -> int:
+    env = os.environ.get(variable, "").strip()
     if env.isdigit() and int(env) > 0:
         return int(env)
     base = "/sys/devices/system/cpu/cpu0/cache"
     for i in range(8):
         try:
             with open(f"{base}/index{i}/level") as f:
-                level = f.read().strip()
+                found = f.read().strip()
             with open(f"{base}/index{i}/size") as f:
                 size = _parse_size(f.read())
+            with open(f"{base}/index{i}/type") as f:
+                kind = f.read().strip()
         except OSError:
             continue
-        if level == "2" and size:
+        if found == level and size and (kind in types or level == "2"):
             return size
-    return DEFAULT_L2_BYTES
+    return default
 
 
 @functools.lru_cache(maxsize=1)
