@@ -14,7 +14,7 @@ import islpy as isl
 import numpy as np
 
 from . import pipeline
-from .codegen.runtime import check_array_sizes
+from .codegen.runtime import MAX_CALL_PLANS, call_signature, check_array_sizes
 from .ir import Kernel
 from .options import Options
 
@@ -26,6 +26,8 @@ class Operator:
         self.kernel = kernel
         self.options = options or Options()
         self._compiled: dict[tuple[int, ...], pipeline.Compiled] = {}
+        #: call signature -> (the library, the sizes it binds): see :func:`call_signature`
+        self._calls: dict[tuple, tuple[pipeline.Compiled, dict[str, int]]] = {}
         self._last: pipeline.Compiled | None = None
         self._lock = threading.Lock()
 
@@ -62,10 +64,21 @@ class Operator:
         ``target="cuda"``, inputs may be device arrays (``__cuda_array_interface__``,
         DLPack, :class:`polyc.DeviceArray`): the operator then runs on them without
         copies and returns :class:`polyc.DeviceArray` outputs."""
-        arrays = pipeline.check_inputs(self.kernel, inputs,
-                                       device=self.options.target == "cuda")
-        bound = pipeline.bind_sizes(self.kernel, arrays, sizes)
-        outs = self.compiled_for(bound).run(arrays, bound)
+        key = call_signature(inputs, sizes)
+        hit = self._calls.get(key) if key is not None else None
+        if hit is None:
+            arrays = pipeline.check_inputs(self.kernel, inputs,
+                                           device=self.options.target == "cuda")
+            bound = pipeline.bind_sizes(self.kernel, arrays, sizes)
+            compiled = self.compiled_for(bound)
+            if key is not None:  # the same shapes and dtypes bind the same sizes
+                if len(self._calls) >= MAX_CALL_PLANS:
+                    self._calls.clear()
+                self._calls[key] = (compiled, bound)
+        else:
+            (compiled, bound), arrays = hit, inputs
+            self._last = compiled
+        outs = compiled.run(arrays, bound)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def schedule_space(self, sizes: dict[str, int] | None = None,

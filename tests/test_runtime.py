@@ -237,3 +237,29 @@ def test_sanitizers(tmp_path):
             assert done.returncode != 0 and "heap-buffer-overflow" in done.stderr
         else:
             assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_repeated_calls_keep_their_checks():
+    """A call like an earlier one (the same shapes and dtypes) skips the checks it passed
+    and takes the sizes found then (runtime.call_signature); what differs is checked
+    again: another dtype or rank is refused, a strided view of the same shape is made
+    contiguous, and new data gives new results."""
+    import polyc
+    from polyc.errors import CallError
+    mm = polyc.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        a = rng.standard_normal((7, 5), dtype=np.float32)
+        b = rng.standard_normal((5, 9), dtype=np.float32)
+        np.testing.assert_allclose(mm(a, b), a @ b, rtol=1e-5, atol=1e-5)
+    bt = rng.standard_normal((9, 5), dtype=np.float32).T  # (5, 9), not contiguous
+    np.testing.assert_allclose(mm(a, bt), a @ bt, rtol=1e-5, atol=1e-5)
+    with pytest.raises(CallError, match="dtype"):
+        mm(a, b.astype(np.float64))
+    with pytest.raises(CallError, match="dimension|size"):
+        mm(a, rng.standard_normal((6, 9), dtype=np.float32))
+    with pytest.raises(CallError, match="rank"):
+        mm(a, b[None])
+    np.testing.assert_allclose(mm(b.T.copy(), a.T.copy()), b.T @ a.T, rtol=1e-5, atol=1e-5)
+    fn = mm.compiled_for({"M": 7, "K": 5, "N": 9}).function
+    assert len(fn._plans) == 1  # one signature of good calls
