@@ -241,3 +241,20 @@ def test_legality_check_refuses_a_false_epilogue():
         .union(isl.UnionSet.from_set(kernel.statement("S3").domain)))
     with pytest.raises(ScheduleError):
         check.check_schedule(sched.kernel, sched.deps, bad)
+
+
+def test_whole_reduction_follows_the_l1(monkeypatch):
+    """The rule reads the machine: with an L1 of 4 KB (``POLYC_L1D_BYTES``) the same
+    ``k = 600`` reduction is tiled again, its init kept, and the result the same."""
+    from polyc.schedule import machine
+    monkeypatch.setenv("POLYC_L1D_BYTES", "4096")
+    machine.l1d_bytes.cache_clear()
+    try:
+        assert machine.l1d_bytes() == 4096
+        op = polyc.define(MATMUL, threads=1)
+        a, b = random_inputs([((33, 600), "float32"), ((600, 70), "float32")])
+        assert_matches_numpy(op(a, b), a @ b, **TOL)
+        assert not register_tile.dropped_inits(op.schedule)
+    finally:
+        monkeypatch.delenv("POLYC_L1D_BYTES")
+        machine.l1d_bytes.cache_clear()
