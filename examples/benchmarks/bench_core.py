@@ -1,6 +1,6 @@
 """Benchmark: polyc-compiled matmul and 2-D convolution against numpy, side by side.
 
-    python3 examples/benchmarks/bench_core.py [--repeat 7] [--sizes 1024]
+    python3 examples/benchmarks/bench_core.py [--repeat 7] [--rounds 3] [--sizes 1024]
                                               [--rect 1024x256x2048,...] [--no-conv]
 
 ``--sizes 256,512,1024,2048`` times square matmuls; ``--rect MxKxN`` (comma-separated,
@@ -8,9 +8,10 @@ any number) adds rectangular ones, C(M,N) = A(M,K) @ B(K,N), printed the same wa
 
 For each thread count (1, 2) the script runs itself in a child process with
 OMP_NUM_THREADS / OPENBLAS_NUM_THREADS set (both libraries read them at start-up) and
-OMP_PROC_BIND=close; within a child, polyc and numpy are timed in separate blocks
+OMP_PROC_BIND=close; within a child, polyc and numpy are timed in alternating blocks
 (their idle thread pools spin; see ``_median_pair``) and the medians are compared.
-Each figure is printed with a correctness check against numpy.
+Each figure is printed with a correctness check against numpy, and each thread count's
+matmuls end in a summary line (geometric mean ratio, how many at least 1.0x).
 """
 from __future__ import annotations
 
@@ -30,26 +31,30 @@ def matmul(float(M,K) A, float(K,N) B) -> (C) {
 }"""
 
 
-def _median_pair(f, g, repeat):
-    """Median seconds of f and of g, each timed in its own block of runs.
+def _median_pair(f, g, repeat, rounds=3):
+    """Median seconds of f and of g: ``rounds`` rounds, each a block of ``repeat`` runs
+    of f then one of g, and the median of each side's block medians.
 
-    Not interleaved: after a call, OpenBLAS's and libgomp's idle threads busy-wait
-    (OpenBLAS's for up to ~0.1 s), and on this 2-core machine two spinning pools starve
-    each other: alternating calls at 2 threads measured a 100x37x513 matmul at 0.1
-    GFLOP/s (polyc) and 1.6 (numpy) instead of 10 and 35. Between blocks the script
-    sleeps until the other pool's threads have gone to sleep."""
-    out = []
-    for h in (f, g):
-        time.sleep(0.3)
-        h(), h()  # warm up (and compile)
-        ts = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            h()
-            ts.append(time.perf_counter() - t)
-        ts.sort()
-        out.append(ts[len(ts) // 2])
-    return out[0], out[1]
+    Blocks, not single calls interleaved: after a call, OpenBLAS's and libgomp's idle
+    threads busy-wait (OpenBLAS's for up to ~0.1 s), and on this 2-core machine two
+    spinning pools starve each other: alternating calls at 2 threads measured a
+    100x37x513 matmul at 0.1 GFLOP/s (polyc) and 1.6 (numpy) instead of 10 and 35.
+    Between blocks the script sleeps until the other pool's threads have gone to sleep.
+    Several rounds: a shared machine drifts (two single-block runs of one matmul gave
+    numpy 78 and 66 GFLOP/s), and alternating blocks puts both sides in each period."""
+    medians: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for h, out in zip((f, g), medians):
+            time.sleep(0.3)
+            h(), h()  # warm up (and compile)
+            ts = []
+            for _ in range(repeat):
+                t = time.perf_counter()
+                h()
+                ts.append(time.perf_counter() - t)
+            ts.sort()
+            out.append(ts[len(ts) // 2])
+    return tuple(sorted(m)[len(m) // 2] for m in medians)
 
 
 def parse_shapes(sizes: str, rect: str) -> list[tuple[int, int, int]]:
@@ -64,22 +69,32 @@ def parse_shapes(sizes: str, rect: str) -> list[tuple[int, int, int]]:
 
 
 def child(threads: int, repeat: int, shapes: list[tuple[int, int, int]],
-          conv_too: bool = True) -> None:
+          conv_too: bool = True, rounds: int = 3) -> None:
     import numpy as np
 
     import polyc
 
     rng = np.random.default_rng(0)
     mm = polyc.define(MATMUL, threads=threads)
+    ratios: list[float] = []
+    checks: list[bool] = []
     for m, k, n in shapes:
         A = rng.standard_normal((m, k), dtype=np.float32)
         B = rng.standard_normal((k, n), dtype=np.float32)
         ok = np.allclose(mm(A, B), A @ B, rtol=1e-3, atol=1e-2 * np.sqrt(k))
-        tp, tn = _median_pair(lambda: mm(A, B), lambda: A @ B, repeat)
+        tp, tn = _median_pair(lambda: mm(A, B), lambda: A @ B, repeat, rounds)
         flops = 2.0 * m * k * n
         print(f"matmul {m}x{k}x{n} f32  threads={threads}  polyc {flops / tp / 1e9:7.1f} GFLOP/s"
               f"  numpy {flops / tn / 1e9:7.1f} GFLOP/s  ratio {tn / tp:5.2f}  correct={ok}",
               flush=True)
+        ratios.append(tn / tp)
+        checks.append(ok)
+    if ratios:
+        mean = float(np.exp(np.mean(np.log(ratios))))
+        print(f"summary matmul threads={threads}: {len(ratios)} shapes, geometric mean speed "
+              f"ratio polyc/numpy {mean:.2f}; at least 1.0x numpy's speed: "
+              f"{sum(r >= 1.0 for r in ratios)} of {len(ratios)}; correct: {sum(checks)} of "
+              f"{len(checks)}", flush=True)
     if not conv_too:
         return
 
@@ -96,7 +111,7 @@ def child(threads: int, repeat: int, shapes: list[tuple[int, int, int]],
         return (cols @ Wt.reshape(F, -1).T).reshape(N, OH, OW, F).transpose(0, 3, 1, 2)
 
     ok = np.allclose(conv(I, Wt), numpy_conv(), rtol=1e-3, atol=1e-2)
-    tp, tn = _median_pair(lambda: conv(I, Wt), numpy_conv, repeat)
+    tp, tn = _median_pair(lambda: conv(I, Wt), numpy_conv, repeat, rounds)
     flops = 2.0 * N * F * OH * OW * C * K * K
     print(f"conv2d {N}x{C}x{H}x{W} * {F}x{C}x{K}x{K} f32  threads={threads}  polyc "
           f"{flops / tp / 1e9:7.1f} GFLOP/s  numpy(im2col+sgemm) {flops / tn / 1e9:7.1f} GFLOP/s"
@@ -105,7 +120,9 @@ def child(threads: int, repeat: int, shapes: list[tuple[int, int, int]],
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--repeat", type=int, default=7, help="runs in a block")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="blocks of each side, alternating (the median of their medians)")
     p.add_argument("--sizes", default="1024", help="comma-separated square matmul sizes "
                    "(e.g. 256,512,1024,2048; empty for none)")
     p.add_argument("--rect", default="", help="comma-separated rectangular matmuls MxKxN "
@@ -116,7 +133,7 @@ def main() -> None:
     a = p.parse_args()
     shapes = parse_shapes(a.sizes, a.rect)
     if a.child:
-        child(a.child, a.repeat, shapes, not a.no_conv)
+        child(a.child, a.repeat, shapes, not a.no_conv, a.rounds)
         return
     for t in (int(x) for x in a.threads.split(",")):
         env = dict(os.environ, OMP_NUM_THREADS=str(t), OPENBLAS_NUM_THREADS=str(t),
@@ -124,7 +141,7 @@ def main() -> None:
         # this machine may set these for old OpenBLAS builds; they slow a current numpy
         env.pop("OPENBLAS_CORETYPE", None), env.pop("OPENBLAS_L2_SIZE", None)
         subprocess.run([sys.executable, __file__, "--child", str(t), "--repeat", str(a.repeat),
-                        "--sizes", a.sizes, "--rect", a.rect]
+                        "--rounds", str(a.rounds), "--sizes", a.sizes, "--rect", a.rect]
                        + (["--no-conv"] if a.no_conv else []), env=env, check=True)
 
 
