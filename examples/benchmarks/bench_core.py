@@ -9,7 +9,8 @@ any number) adds rectangular ones, C(M,N) = A(M,K) @ B(K,N), printed the same wa
 For each thread count (1, 2) the script runs itself in a child process with
 OMP_NUM_THREADS / OPENBLAS_NUM_THREADS set (both libraries read them at start-up) and
 OMP_PROC_BIND=close; within a child, polyc and numpy are timed in alternating blocks
-(their idle thread pools spin; see ``_median_pair``) and the medians are compared.
+(their idle thread pools spin; see ``bench_onnx._median_pair``) and the medians are
+compared.
 Each figure is printed with a correctness check against numpy, and each thread count's
 matmuls end in a summary line (geometric mean ratio, how many at least 1.0x).
 """
@@ -19,7 +20,10 @@ import argparse
 import os
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# alternating blocks of each side, the median of their medians (the reason is in its doc)
+from bench_onnx import _median_pair  # noqa: E402
 
 CONV = """
 def conv2d(float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
@@ -29,32 +33,6 @@ MATMUL = """
 def matmul(float(M,K) A, float(K,N) B) -> (C) {
     C(m,n) +=! A(m,k) * B(k,n)
 }"""
-
-
-def _median_pair(f, g, repeat, rounds=3):
-    """Median seconds of f and of g: ``rounds`` rounds, each a block of ``repeat`` runs
-    of f then one of g, and the median of each side's block medians.
-
-    Blocks, not single calls interleaved: after a call, OpenBLAS's and libgomp's idle
-    threads busy-wait (OpenBLAS's for up to ~0.1 s), and on this 2-core machine two
-    spinning pools starve each other: alternating calls at 2 threads measured a
-    100x37x513 matmul at 0.1 GFLOP/s (polyc) and 1.6 (numpy) instead of 10 and 35.
-    Between blocks the script sleeps until the other pool's threads have gone to sleep.
-    Several rounds: a shared machine drifts (two single-block runs of one matmul gave
-    numpy 78 and 66 GFLOP/s), and alternating blocks puts both sides in each period."""
-    medians: tuple[list[float], list[float]] = ([], [])
-    for _ in range(rounds):
-        for h, out in zip((f, g), medians):
-            time.sleep(0.3)
-            h(), h()  # warm up (and compile)
-            ts = []
-            for _ in range(repeat):
-                t = time.perf_counter()
-                h()
-                ts.append(time.perf_counter() - t)
-            ts.sort()
-            out.append(ts[len(ts) // 2])
-    return tuple(sorted(m)[len(m) // 2] for m in medians)
 
 
 def parse_shapes(sizes: str, rect: str) -> list[tuple[int, int, int]]:
