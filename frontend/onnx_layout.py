@@ -325,7 +325,8 @@ def _merge_transposes(graph: Graph, stats: Counter) -> Graph:
 _UNARY = frozenset([
     "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu",
     "Celu", "Softplus", "Softsign", "Mish", "Gelu", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt",
-    "Reciprocal", "Swish", "ThresholdedRelu", "Floor", "Ceil", "Round", "Sign", "Cast"])
+    "Reciprocal", "Swish", "ThresholdedRelu", "Floor", "Ceil", "Round", "Sign", "Cast",
+    "PolycRoundHalf"])
 #: ops of one tensor and scalar parameters that act on each element alone: they commute
 #: with a Transpose of that tensor when the parameters are scalars (per-tensor
 #: quantization; a per-axis scale is not, and keeps the Transpose where it is)

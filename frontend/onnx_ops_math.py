@@ -419,6 +419,18 @@ def cast(node: Node, ctx: LowerContext) -> Lowered:
     return elementwise(node, ctx, lambda a: cast_to(dt, a), inputs=node.inputs[:1])
 
 
+@register("PolycRoundHalf")
+def round_half(node: Node, ctx: LowerContext) -> Lowered:
+    """polyc's own op (:func:`..onnx_passes.half_values_in_float`): a float32 tensor
+    rounded to the nearest value of the type ``half`` (float16, bfloat16), kept in
+    float32: ``Cast(Cast(x, half), float)`` in one node."""
+    half = node.attr("half")
+    if half not in ("float16", "bfloat16"):
+        raise unsupported(node, f"half={half!r} (float16 or bfloat16)")
+    return elementwise(node, ctx, lambda a: cast_to("float32", cast_to(half, a)),
+                       inputs=node.inputs[:1])
+
+
 def saturated(x: str, dt: str) -> str:
     """``x`` clamped to the finite range of the float8 type ``dt`` (NaN stays NaN), as
     ONNX's saturating conversions are: the cast itself overflows to infinity or NaN."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,7 @@ ELEMENTWISE_OPS = frozenset([
     "Softplus", "Softsign", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sign", "Sin", "Cos",
     "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round",
     "Mod", "Cast", "CastLike", "IsNaN", "IsInf", "Mish", "BatchNormalization", "Swish",
-    "Shrink", "PolycRequantize", "QuantizeLinear", "DequantizeLinear"])
+    "Shrink", "PolycRequantize", "PolycRoundHalf", "QuantizeLinear", "DequantizeLinear"])
 #: the largest fusion group
 MAX_GROUP = 6
 
@@ -890,47 +890,147 @@ def contractions_in_float(graph: Graph, stats: Counter | None = None) -> Graph:
     if not changed:
         return graph
     stats["half_in_float"] += changed
-    return _pools_in_float(_replace(graph, nodes=nodes, tensors=tensors))
+    return _replace(graph, nodes=nodes, tensors=tensors)
 
 
-def _pools_in_float(graph: Graph) -> Graph:
-    """A MaxPool on float16 (bfloat16) whose every reader widens its result to float32
-    runs on float32 instead, reading its input widened: ``Cast(MaxPool(x))`` becomes
-    ``MaxPool(Cast(x))``. The same values (the maximum of values of the format is one of
-    them, and -inf pads both), but the widening joins the producer's kernel -- a float16
-    Conv computed in float32 (:func:`contractions_in_float`) then stores its rounded
-    float32 result -- and the pool reads floats instead of converting each of its
-    window's elements (ResNet-50 float16's stem pool: 2.2 ms, 0.35 in float32)."""
+#: float16 (bfloat16) ops whose result is the float32 operation on their widened
+#: operands, rounded once (Sum of at most two): float32 holds every product and quotient of two float16
+#: values to 24 bits, at least 2p + 2 for p = 11 (and 8), so rounding the float32 result
+#: again gives the correctly rounded float16 result (no double-rounding error)
+_ROUNDED_ONCE = frozenset(["Add", "Sub", "Mul", "Div", "Sum"])
+#: float16 ops whose every result element is one of their inputs' elements (or a
+#: bound): exact in float32 on float16 values, no rounding after
+_EXACT_ON_HALF = frozenset(["Relu", "Max", "Min", "Neg", "Abs", "Clip", "MaxPool",
+                            "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                            "Identity", "Concat"])
+_HALF = ("float16", "bfloat16")
+
+
+def half_values_in_float(graph: Graph, stats: Counter | None = None) -> Graph:
+    """float16 (bfloat16) tensors between float16 ops held in float32 storage.
+
+    A float16 value is computed in float32 and rounded (:mod:`polyc.dtypes`); stored as
+    float16, each write converts it to its bits and each read back, and a float16 tensor
+    that several nodes read is stored so (ResNet-50's residual sums, each read by the
+    next block's convolution and its residual add: about 10% of the float16 model's
+    time). Here such a tensor becomes a float32 one holding the same values:
+
+    * a rounding ``Cast`` to float16 of a float32 value (what
+      :func:`contractions_in_float` makes) becomes ``PolycRoundHalf``: the rounded value
+      in float32;
+    * an op of :data:`_ROUNDED_ONCE` runs on float32 operands and is followed by
+      ``PolycRoundHalf``, an op of :data:`_EXACT_ON_HALF` just runs on float32 operands;
+    * a ``Cast`` to float32 of such a tensor is the float32 tensor itself;
+    * any other reader (and a graph output) reads a ``Cast`` back to float16 (exact).
+
+    Every value is the same, bit for bit: only where it is stored changes."""
+    stats = stats if stats is not None else Counter()
     users = consumers(graph)
     tensors = dict(graph.tensors)
     names = {n.name for n in graph.nodes}
-    nodes: list[Node] = []
+    protected = set(graph.outputs)
+    wide: dict[str, str] = {}      # float16 tensor -> the float32 tensor of its values
+    have = set(graph.inputs) | set(graph.constants)  # float16 tensors computed as such
     renames: dict[str, str] = {}
-    widened: set[str] = set()  # the Casts a pool now writes in their place
-    for n in graph.nodes:
-        if n.name in widened:
-            continue
-        y = n.outputs[0] if n.outputs else ""
-        readers = users.get(y, [])
-        if n.op_type != "MaxPool" or len(n.outputs) != 1 or y in graph.outputs \
-                or tensors[y].dtype not in ("float16", "bfloat16") or not readers \
-                or not all(r.op_type == "Cast" and int(r.attr("to", 0)) == onnx.TensorProto.FLOAT
-                           and r.outputs[0] not in graph.outputs for r in readers):
-            nodes.append(n)
-            continue
-        x = n.inputs[0]
-        wide = _fresh(f"{x}_f32", tensors)
-        tensors[wide] = TensorInfo(wide, "float32", tensors[x].shape)
-        name = _fresh(f"{n.name}_widen", names)
+    nodes: list[Node] = []
+
+    def dtype(x: str) -> str:
+        return tensors[x].dtype if x in tensors else ""
+
+    def fresh_node(base: str) -> str:
+        name = _fresh(base, names)
         names.add(name)
-        out = readers[0].outputs[0]
-        nodes += [Node(name, "Cast", (x,), (wide,), {"to": onnx.TensorProto.FLOAT}),
-                  _with(n, inputs=(wide,), outputs=(out,))]
-        widened |= {r.name for r in readers}
-        renames.update({r.outputs[0]: out for r in readers[1:]})
-    if renames:
-        nodes = _rename_inputs(nodes, renames)
+        return name
+
+    def fresh_f32(x: str) -> str:
+        t = _fresh(f"{x}_f32", tensors)
+        tensors[t] = TensorInfo(t, "float32", tensors[x].shape)
+        return t
+
+    def widened(x: str) -> str:
+        if x not in wide:
+            wide[x] = fresh_f32(x)
+            nodes.append(Node(fresh_node(f"{x}_widen"), "Cast", (x,), (wide[x],),
+                              {"to": onnx.TensorProto.FLOAT}))
+        return wide[x]
+
+    def rounded(x: str, y: str, half: str, base: str) -> None:
+        wide[y] = fresh_f32(y)
+        nodes.append(Node(fresh_node(f"{base}_round"), "PolycRoundHalf", (x,), (wide[y],),
+                          {"half": half}))
+
+    def read_by_float(y: str) -> bool:
+        """Some reader of ``y`` takes its float32 values."""
+        return any(_safe_half(r, tensors) or _widening(r, tensors)
+                   for r in users.get(y, []))
+
+    changed = 0
+    for n in graph.nodes:
+        y = n.outputs[0] if len(n.outputs) == 1 else ""
+        if _widening(n, tensors) and n.inputs[0] in wide and y not in protected:
+            renames[y] = wide[n.inputs[0]]
+            continue
+        if n.op_type == "Cast" and y and dtype(y) in _HALF and dtype(n.inputs[0]) == "float32" \
+                and read_by_float(y):
+            rounded(n.inputs[0], y, dtype(y), n.name)
+            changed += 1
+            continue
+        if _safe_half(n, tensors) and (read_by_float(y) or y in protected):
+            half = dtype(y)
+            ins = tuple(widened(x) if x and dtype(x) == half else x for x in n.inputs)
+            if n.op_type in _ROUNDED_ONCE:
+                out = fresh_f32(y)
+                nodes.append(_with(n, inputs=ins, outputs=(out,)))
+                rounded(out, y, half, n.name)
+            else:
+                wide[y] = fresh_f32(y)
+                nodes.append(_with(n, inputs=ins, outputs=(wide[y],)))
+            changed += 1
+            continue
+        for x in n.inputs:
+            if x in wide and x not in have:
+                nodes.append(_half_of(x, wide[x], tensors, fresh_node))
+                have.add(x)
+        nodes.append(n)
+        have.update(o for o in n.outputs if o)
+    for x in graph.outputs:
+        if x in wide and x not in have:
+            nodes.append(_half_of(x, wide[x], tensors, fresh_node))
+    if not changed:
+        return graph
+    stats["half_values_in_float"] += changed
+    nodes = _rename_inputs(nodes, renames)
     return eliminate_dead_nodes(_replace(graph, nodes=nodes, tensors=tensors))
+
+
+def _widening(n: Node, tensors: Mapping[str, TensorInfo]) -> bool:
+    """``n`` is a Cast of a float16 (bfloat16) tensor to float32."""
+    return n.op_type == "Cast" and len(n.outputs) == 1 and bool(n.inputs) and \
+        n.inputs[0] in tensors and tensors[n.inputs[0]].dtype in _HALF and \
+        tensors[n.outputs[0]].dtype == "float32"
+
+
+def _safe_half(n: Node, tensors: Mapping[str, TensorInfo]) -> bool:
+    """``n`` computes the same float16 (bfloat16) values from its operands' float32
+    values (:data:`_ROUNDED_ONCE`, :data:`_EXACT_ON_HALF`): one output of a half type,
+    and every float operand of that type."""
+    if n.op_type not in _ROUNDED_ONCE | _EXACT_ON_HALF or n.domain not in ("", "ai.onnx") \
+            or len(n.outputs) != 1 or not n.outputs[0] \
+            or n.op_type == "Sum" and len(n.inputs) > 2:  # rounded after each addition
+        return False
+    half = tensors[n.outputs[0]].dtype
+    if half not in _HALF:
+        return False
+    floats = [x for x in n.inputs if x and D.get(tensors[x].dtype).kind == "f"]
+    return bool(floats) and all(tensors[x].dtype == half for x in floats)
+
+
+def _half_of(x: str, wide: str, tensors: Mapping[str, TensorInfo],
+             fresh_node: Callable[[str], str]) -> Node:
+    """The node computing the float16 tensor ``x`` back from its float32 values (exact)."""
+    to = onnx.TensorProto.FLOAT16 if tensors[x].dtype == "float16" else \
+        onnx.TensorProto.BFLOAT16
+    return Node(fresh_node(f"{x}_narrow"), "Cast", (wide,), (x,), {"to": to})
 
 
 def pools_on_integers(graph: Graph, stats: Counter | None = None) -> Graph:
@@ -1100,12 +1200,14 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
     graph = fold_batchnorm(graph, c)
     graph = eliminate_common_subexpressions(graph, c)
     graph = contractions_in_float(graph, c)  # after batchnorm folding, before the weights'
+    graph = half_values_in_float(graph, c)
     graph = fold_constants(graph, c)         # Casts fold
     graph = eliminate_dead_nodes(graph, c)
     graph = choose_conv_layouts(graph, c)
     c["nodes_before"] = before
     c["nodes_after"] = len(graph.nodes)
-    result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "conv_dot", "half_in_float", "empty",
+    result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "conv_dot", "half_in_float",
+                                             "half_values_in_float", "empty",
                                              "pools_on_integers",
                                              "folded",
                                              "noops",

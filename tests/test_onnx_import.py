@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import ml_dtypes
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -493,6 +494,73 @@ def test_dequantized_weights_are_folded(opset):
     np.testing.assert_allclose(got, x @ want, rtol=1e-5, atol=1e-6)
 
 
+def _half_residual_block(dtype, extra_sum_input=False):
+    """conv -> relu -> conv, + the block's input (Sum), relu, then a second block on
+    its result: the residual tensor is read by a convolution and by an addition."""
+    rng = np.random.default_rng(11)
+    t = TensorProto.FLOAT16 if dtype == "float16" else TensorProto.BFLOAT16
+
+    def weights(shape, name):
+        w = (rng.standard_normal(shape) * 0.3).astype(np.float32)
+        if dtype == "float16":
+            return numpy_helper.from_array(w.astype(np.float16), name)
+        return helper.make_tensor(name, t, shape, w.flatten().tolist())
+    nodes, inits, x = [], [], "x"
+    for b in range(2):
+        inits += [weights((6, 6, 3, 3), f"w{b}a"), weights((6, 6, 1, 1), f"w{b}b")]
+        nodes += [helper.make_node("Conv", [x, f"w{b}a"], [f"c{b}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{b}"], [f"r{b}"]),
+                  helper.make_node("Conv", [f"r{b}", f"w{b}b"], [f"d{b}"]),
+                  helper.make_node("Mul", [f"d{b}", "half"], [f"m{b}"]),
+                  helper.make_node("Sum", [f"m{b}", x] + ([x] if extra_sum_input else []),
+                                   [f"s{b}"]),
+                  helper.make_node("Relu", [f"s{b}"], [f"y{b}"])]
+        x = f"y{b}"
+    inits.append(helper.make_tensor("half", t, (), [0.5]))
+    g = helper.make_graph(nodes, "res", [helper.make_tensor_value_info("x", t, (1, 6, 7, 9))],
+                          [helper.make_tensor_value_info("y1", t, None),
+                           helper.make_tensor_value_info("s0", t, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_values_between_ops_are_stored_in_float(monkeypatch, dtype):
+    """A float16 (bfloat16) residual sum read by a convolution and by the next sum is
+    held in a float32 tensor (rounded by PolycRoundHalf), not converted to its bits and
+    back at each write and read: the outputs are the same, bit for bit, as with the
+    half tensors, and close to onnxruntime's (numpy's for bfloat16)."""
+    model = _half_residual_block(dtype)
+    x = np.random.default_rng(3).standard_normal((1, 6, 7, 9)).astype(np.float32)
+    feeds = {"x": x.astype(np.float16 if dtype == "float16" else ml_dtypes.bfloat16)}
+    graph = P.optimize_graph(load_graph(model))
+    assert P.pass_stats()["half_values_in_float"] > 0
+    halves = [t for t, info in graph.tensors.items() if info.dtype == dtype and any(
+        t in n.inputs or t in n.outputs for n in graph.nodes)]
+    # only the input, the two outputs and s0's copy for the graph output stay half
+    assert set(halves) <= {"x", "y1", "s0"}, halves
+    assert sum(n.op_type == "PolycRoundHalf" for n in graph.nodes) >= 4
+    got = polyc.compile_onnx(model).run(None, feeds)
+    monkeypatch.setattr(P, "half_values_in_float", lambda g, stats=None: g)
+    plain = P.optimize_graph(load_graph(model))
+    assert sum(info.dtype == dtype for info in plain.tensors.values()) > len(halves)
+    want = polyc.compile_onnx(model).run(None, feeds)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    if dtype == "float16":
+        ref = reference(model, feeds)
+        for a, b in zip(got, ref):
+            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32),
+                                       rtol=2e-2, atol=2e-2)
+
+
+def test_half_sum_of_three_is_not_rounded_once():
+    """A float16 Sum of three rounds after each addition: it is not computed in float32
+    and rounded once (that could differ); its inputs are narrowed back for it."""
+    graph = P.optimize_graph(load_graph(_half_residual_block("float16", True)))
+    sums = [n for n in graph.nodes if n.op_type == "Sum"]
+    assert sums and all(graph.tensors[n.outputs[0]].dtype == "float16" for n in sums)
+
+
 def test_float16_pool_between_convolutions_runs_in_float(monkeypatch):
     """A float16 MaxPool whose result only the next Conv reads (widened, as float16
     convolutions run in float32) pools the widened values: no MaxPool on float16 is
@@ -517,7 +585,7 @@ def test_float16_pool_between_convolutions_runs_in_float(monkeypatch):
     pools = [n for n in graph.nodes if n.op_type == "MaxPool"]
     assert pools and all(graph.tensors[n.inputs[0]].dtype == "float32" for n in pools)
     (got,) = polyc.compile_onnx(model).run(None, {"x": x})
-    monkeypatch.setattr(P, "_pools_in_float", lambda g: g)
+    monkeypatch.setattr(P, "half_values_in_float", lambda g, stats=None: g)
     plain = P.optimize_graph(load_graph(model))
     assert any(plain.tensors[n.inputs[0]].dtype == "float16"
                for n in plain.nodes if n.op_type == "MaxPool")
