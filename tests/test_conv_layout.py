@@ -4,6 +4,7 @@
 sizes that are not multiples of any tile, and the structure each one promises."""
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -370,6 +371,10 @@ def test_parallel_tiles_are_balanced():
     got = optimize._balanced([1, 1, 42, 16, 24], [1, 1, 56, 144, 24], 2, reg, 2)
     assert got[2] == 28
     assert optimize._balanced([32, 1, 56, 16, 24], extents, None, reg, 2)[0] == 32
+    # nine channel blocks in tiles of two: 6 + 3 blocks under the static schedule;
+    # tiles of one block give 5 + 4 (MobileNetV2's 576-channel 1x1 convolution)
+    assert optimize._balanced([2, 14, 14], [9, 14, 14], 0, None, 2)[0] == 1
+    assert optimize._busiest_share(9, 2, 2) == 6 and optimize._busiest_share(9, 1, 2) == 5
     flags = [True, True, True, True, False]
     assert optimize._default_member([32, 1, 56, 16, 24], extents, flags) == 0
     assert optimize._default_member([56, 1, 14, 16, 24], extents, flags) == 3
@@ -704,3 +709,45 @@ def test_pool_between_channel_last_convs_runs_channel_last(tmp_cache):
                               options=polyc.Options(cache_dir=tmp_cache))
     np.testing.assert_allclose(cuda.run(None, feeds)[0], onnxruntime_outputs(model, feeds)[0],
                                rtol=1e-4, atol=1e-4)
+
+
+def test_uneven_parallel_member_gives_way_to_an_even_one():
+    """When the threads' shares of the parallel member's tiles are uneven (144 channels
+    in 64-channel register tiles: 128 + 16), another coincident member is cut for them
+    instead (28 rows: 14 + 14); an even split is kept as it is."""
+    reg = register_tile.Plan("S", "Y", u=1, v=4, mr=7, nr=64, box=(1, 7, 1, 1, 64))
+    flags = [True, True, False, False, True]
+    sizes, member = optimize._evened([28, 28, 256, 256, 128], [28, 28, 3, 3, 144], flags,
+                                     reg, 2, 4)
+    assert (sizes, member) == ([14, 28, 256, 256, 128], 0)
+    assert optimize._uneven(sizes, [28, 28, 3, 3, 144], 0, 2) == 1.0
+    # 384 channels in tiles of 192: even, unchanged; one thread: unchanged
+    assert optimize._evened([28, 14, 256, 256, 192], [14, 14, 3, 3, 384], flags, reg, 2,
+                            4) == ([28, 14, 256, 256, 192], 4)
+    assert optimize._evened([28, 28, 256, 256, 128], [28, 28, 3, 3, 144], flags, reg, 1,
+                            4) == ([28, 28, 256, 256, 128], 4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pointwise_conv_split_by_rows_is_correct(threads):
+    """A 1x1 convolution whose channels (144) split unevenly between two threads runs
+    its rows in parallel instead (the C shows it), and matches numpy at 1 and 2 threads."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 24, 28, 28)).astype(np.float32)
+    w = (rng.standard_normal((144, 24, 1, 1)) * 0.2).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"]),
+             helper.make_node("Relu", ["y"], ["z"])]
+    g = helper.make_graph(nodes, "pw", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                        x.shape)],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    m = polyc.compile_onnx(model, options=polyc.Options(threads=threads))
+    (got,) = m.run(None, {"x": x})
+    if threads == 2:
+        src = open(m.library_path[:-3] + ".c").read()
+        loops = re.findall(r"#pragma omp parallel for.*\n\s*for \(int64_t c0 = 0; "
+                           r"(c0 <= \d+; c0 \+= \d+)", src)
+        assert loops == ["c0 <= 27; c0 += 14"], loops
+    want = np.maximum(np.einsum("nchw,mc->nmhw", x, w[:, :, 0, 0]), 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

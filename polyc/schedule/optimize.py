@@ -167,6 +167,7 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                 par = _parallel_member(node, kernel, sizes, extents, flags, reg, threads)
                 if BALANCE_TILES:
                     sizes = _balanced(sizes, extents, par, reg, threads)
+                    sizes, par = _evened(sizes, extents, flags, reg, threads, par)
             else:
                 par = None
             node = tiling.tile_band(node, sizes)
@@ -347,7 +348,10 @@ def _parallel_member(node: isl.ScheduleNode, kernel: Kernel, sizes: list[int],
                      extents: list[int | None], flags: list[bool],
                      reg: register_tile.Plan | None, threads: int) -> int | None:
     """The member whose tiles the threads share. For a register-tiled contraction, of
-    the coincident members with a tile per thread, the one that leaves the fewest bytes
+    the coincident members with a tile per thread whose tiles the threads share evenly
+    (within :data:`BALANCE_SLACK` of the most even, once cut by :func:`_balanced`:
+    MobileNetV2's 144 channels in 64-channel register tiles split 128 + 16, its 14 rows
+    7 + 7), the one that leaves the fewest bytes
     read by every thread (:func:`_replicated_bytes`: what the threads all read is what
     that member does not index): MLP's 64-row batch times a 784 x 512 weight matrix
     split by rows had each thread stream all 1.6 MB of weights, split by column blocks
@@ -362,6 +366,11 @@ def _parallel_member(node: isl.ScheduleNode, kernel: Kernel, sizes: list[int],
     costs = {i: _replicated_bytes(node, kernel, i) for i in cands}
     if any(c is None for c in costs.values()):
         return default
+    if BALANCE_TILES:  # of the members the threads share evenly (once cut by _balanced)
+        uneven = {i: _uneven(_balanced(sizes, extents, i, reg, threads), extents, i, threads)
+                  for i in cands}
+        least = min(uneven.values())
+        cands = [i for i in cands if uneven[i] <= least * BALANCE_SLACK]
     return min(cands, key=lambda i: (costs[i], i != default))
 
 
@@ -402,22 +411,88 @@ def _share(even: int, unit: int, vector: bool) -> int:
 
 def _balanced(sizes: list[int], extents: list[int | None], member: int | None,
               reg: register_tile.Plan | None, threads: int) -> list[int]:
-    """The tiles of ``member`` (the one the ``parallel`` loop will run) made a multiple
-    of ``threads`` tiles of one size (whole register tiles each, unless that is
-    :data:`UNEVEN_SPLIT` uneven): MobileNetV2's 56 rows in tiles of 32 gave one thread 32
-    rows and the other 24, which then waited."""
+    """The tiles of ``member`` (the one the ``parallel`` loop will run) cut so that the
+    busiest thread's share is least (:func:`_busiest_share`, OpenMP's static schedule:
+    each thread a run of whole tiles), in whole register tiles where the member is a
+    register tile's (unless that is :data:`UNEVEN_SPLIT` uneven). Of the cuts within
+    :data:`BALANCE_SLACK` of the least share, the one with the fewest tiles wins, then
+    the one with the least share.
+
+    MobileNetV2's 56 rows in tiles of 32 gave one thread 32 rows and the other 24; its
+    nine 64-channel blocks in tiles of two gave one thread three tiles (six blocks) and
+    the other three blocks, where tiles of one block give five and four."""
     i = member
     if threads < 2 or i is None or extents[i] is None:
         return sizes
-    trips = -(-extents[i] // sizes[i])
-    unit = 1 if reg is None else reg.mr if i == reg.u else reg.nr if i == reg.v else 1
+    extent, unit = extents[i], 1
+    if reg is not None:
+        unit = reg.mr if i == reg.u else reg.nr if i == reg.v else 1
+    vector = reg is not None and i == reg.v
+    trips = -(-extent // sizes[i])
     tiles = -(-trips // threads) * threads
-    size = _share(-(-extents[i] // tiles), unit, reg is not None and i == reg.v)
+    cands = {min(sizes[i], _share(-(-extent // tiles), unit, vector))}
+    cands.update(range(unit, sizes[i] + 1, unit))
+    least = min(_busiest_share(extent, c, threads) for c in cands)
+    size = min((c for c in cands if _busiest_share(extent, c, threads) <= least * BALANCE_SLACK),
+               key=lambda c: (-(-extent // c), _busiest_share(extent, c, threads), -c))
     if size >= sizes[i]:
         return sizes
     sizes = list(sizes)
     sizes[i] = size
     return sizes
+
+
+def _evened(sizes: list[int], extents: list[int | None], flags: list[bool],
+            reg: register_tile.Plan | None, threads: int,
+            member: int | None) -> tuple[list[int], int | None]:
+    """When the threads share ``member``'s tiles unevenly (the busiest more than
+    :data:`UNEVEN_PARALLEL` times an even share), the tiles and parallel member of
+    another coincident member cut for the threads (:func:`_split_for_threads`' cut, then
+    :func:`_balanced`) if that is more even: MobileNetV2's 144 channels in 64-channel
+    register tiles give one thread 128 and the other 16, its 28 rows 14 and 14."""
+    if threads < 2 or member is None or extents[member] is None:
+        return sizes, member
+    best = (_uneven(sizes, extents, member, threads), sizes, member)
+    if best[0] <= UNEVEN_PARALLEL:
+        return sizes, member
+    for j in range(len(sizes)):
+        if j == member or not flags[j] or (extents[j] or 0) < threads:
+            continue
+        cut = list(sizes)
+        if -(-extents[j] // sizes[j]) < threads:
+            unit = 1 if reg is None else reg.mr if j == reg.u else reg.nr if j == reg.v else 1
+            cut[j] = _share(-(-extents[j] // threads), unit, reg is not None and j == reg.v)
+        cut = _balanced(cut, extents, j, reg, threads)
+        if -(-extents[j] // cut[j]) < threads:
+            continue
+        uneven = _uneven(cut, extents, j, threads)
+        if uneven * BALANCE_SLACK < best[0]:
+            best = (uneven, cut, j)
+    return best[1], best[2]
+
+
+def _uneven(sizes: list[int], extents: list[int | None], member: int, threads: int) -> float:
+    """The busiest thread's share of ``member`` over an even share (1: even)."""
+    extent = extents[member] or 1
+    return _busiest_share(extent, sizes[member], threads) * threads / extent
+
+
+#: the threads' shares of the parallel member may be this uneven before another member
+#: is cut for them instead (:func:`_evened`)
+UNEVEN_PARALLEL = 1.15
+
+#: a cut of the parallel member whose busiest thread does at most this many times the
+#: least such share counts as balanced (larger tiles read their operands fewer times)
+BALANCE_SLACK = 1.05
+
+
+def _busiest_share(extent: int, size: int, threads: int) -> int:
+    """Iterations of the busiest thread when ``extent`` iterations in tiles of ``size``
+    are shared by OpenMP's static schedule: each thread a run of ``ceil(tiles /
+    threads)`` tiles, the last tile partial."""
+    tiles = -(-extent // size)
+    chunk = -(-tiles // threads)
+    return min(chunk * size, extent)
 
 
 def _parallel_first(tiles: isl.ScheduleNode, sizes: list[int],
