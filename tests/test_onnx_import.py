@@ -553,6 +553,18 @@ def test_half_values_between_ops_are_stored_in_float(monkeypatch, dtype):
                                        rtol=2e-2, atol=2e-2)
 
 
+def test_half_values_in_float_on_the_cuda_target():
+    """The float16 residual blocks (their PolycRoundHalf nodes) on the CUDA target, run
+    by the CPU emulation, agree with the C target's result."""
+    model = _half_residual_block("float16")
+    x = np.random.default_rng(4).standard_normal((1, 6, 7, 9)).astype(np.float16)
+    want = polyc.compile_onnx(model).run(None, {"x": x})
+    got = polyc.compile_onnx(model, target="cuda", emulate=True).run(None, {"x": x})
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32),
+                                   rtol=1e-2, atol=1e-2)
+
+
 def test_half_sum_of_three_is_not_rounded_once():
     """A float16 Sum of three rounds after each addition: it is not computed in float32
     and rounded once (that could differ); its inputs are narrowed back for it."""
