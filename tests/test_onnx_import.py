@@ -565,6 +565,50 @@ def test_half_values_in_float_on_the_cuda_target():
                                    rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_values_in_float_through_views_pools_and_other_ops(monkeypatch, dtype):
+    """Transpose, Concat, MaxPool, Clip, Reshape, Neg, Abs and Max run on the float32
+    values; Mul, Sub and Div round once after; a Softmax (not one of them) reads its
+    input narrowed back, and its result is widened for the Max after it; both graph
+    outputs are narrowed at the end. Bit for bit the outputs of the half tensors."""
+    t = TensorProto.FLOAT16 if dtype == "float16" else TensorProto.BFLOAT16
+    npd = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+
+    def const(name, v):
+        return helper.make_tensor(name, t, (), [v])
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 1, 3, 2]),
+             helper.make_node("Mul", ["xt", "k"], ["m"]),
+             helper.make_node("Sub", ["m", "x2"], ["d"]),
+             helper.make_node("Concat", ["d", "m"], ["cc"], axis=1),
+             helper.make_node("MaxPool", ["cc"], ["p"], kernel_shape=[2, 2]),
+             helper.make_node("Clip", ["p", "lo", "hi"], ["cl"]),
+             helper.make_node("Div", ["cl", "k"], ["dv"]),
+             helper.make_node("Reshape", ["dv", "shape"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["sm"], axis=-1),
+             helper.make_node("Neg", ["r"], ["ng"]),
+             helper.make_node("Abs", ["ng"], ["ab"]),
+             helper.make_node("Max", ["ab", "sm"], ["y"])]
+    inits = [const("k", 0.37), const("lo", -0.5), const("hi", 1.25),
+             numpy_helper.from_array(np.array([1, 4, -1], np.int64), "shape")]
+    g = helper.make_graph(nodes, "views", [helper.make_tensor_value_info("x", t, (1, 2, 5, 6)),
+                                           helper.make_tensor_value_info("x2", t, (1, 2, 6, 5))],
+                          [helper.make_tensor_value_info("y", t, None),
+                           helper.make_tensor_value_info("r", t, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((1, 2, 5, 6)).astype(np.float32).astype(npd),
+             "x2": rng.standard_normal((1, 2, 6, 5)).astype(np.float32).astype(npd)}
+    graph = P.optimize_graph(load_graph(model))
+    assert P.pass_stats()["half_values_in_float"] == 11
+    assert sum(n.op_type == "PolycRoundHalf" for n in graph.nodes) == 3
+    got = polyc.compile_onnx(model).run(None, feeds)
+    monkeypatch.setattr(P, "half_values_in_float", lambda g, stats=None: g)
+    want = polyc.compile_onnx(model).run(None, feeds)
+    for a, b in zip(got, want):
+        assert a.dtype == npd
+        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
 def test_half_sum_of_three_is_not_rounded_once():
     """A float16 Sum of three rounds after each addition: it is not computed in float32
     and rounded once (that could differ); its inputs are narrowed back for it."""
