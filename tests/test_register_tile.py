@@ -252,3 +252,24 @@ def test_user_schedule_register_marks_are_checked():
     small = _define(MATMUL, schedule=_user_tree(tiles, points, "register:S1:2,8:256"))
     with pytest.raises(polyc.ScheduleError, match="do not form a box"):
         _check(small, [(37, 13), (13, 70)], lambda A, B: A @ B)
+
+
+@pytest.mark.parametrize("scheduler", ["isl", "pluto"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_row_sums_run_their_reduction_innermost(scheduler, threads):
+    """A row sum (``s(n) +=! X(n,d)``, a LayerNormalization's mean) walks each row's
+    contiguous elements in independent chains (the rows-only dot-product tile) instead
+    of a vector loop over rows loading each lane from another row: no ``omp simd`` loop
+    over ``n`` is left. Each row still adds its terms in order: the sums are bit for bit
+    a sequential float32 sum's."""
+    op = polyc.define("def rs(float(N,D) X) -> (s) { s(n) +=! X(n,d) }",
+                      options=polyc.Options(threads=threads, scheduler=scheduler))
+    x = np.random.default_rng(2).standard_normal((37, 300)).astype(np.float32)
+    got = op(x)
+    want = np.zeros(37, np.float32)
+    for d in range(300):
+        want += x[:, d]
+    np.testing.assert_array_equal(got, want)
+    assert "polyc_acc[" in op.c_source
+    assert not re.search(r"#pragma omp simd\s*\n\s*for \(int64_t c\d+ = 0; c\d+ <= 36;",
+                         op.c_source)

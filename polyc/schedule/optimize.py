@@ -621,7 +621,8 @@ def _innermost_member(node: isl.ScheduleNode, kernel: Kernel) -> tuple[int | Non
     The coincident member with the best positive stride-1 score (the last on ties) is a
     vector loop. A non-coincident (reduction) member wins instead when its accesses are
     strictly more contiguous -- ``Y(n,o) +=! X(n,i) * W(o,i)`` (a Gemm with transB) must
-    run ``i`` innermost, or every ``W`` access strides a whole row; it stays scalar.
+    run ``i`` innermost, or every ``W`` access strides a whole row; it stays scalar --
+    or as contiguous in a band of sums (:func:`_sums`).
     """
     flags = tiling.coincident_flags(node)
     n = node.band_n_member()
@@ -631,9 +632,22 @@ def _innermost_member(node: isl.ScheduleNode, kernel: Kernel) -> tuple[int | Non
         score = stride_score(kernel, node, i)
         if score > 0 and score >= best[flags[i]][1]:
             best[flags[i]] = (i, score)
-    if best[False][0] is not None and best[False][1] > best[True][1]:
+    if best[False][0] is not None and (best[False][1] > best[True][1] or
+                                       best[False][1] == best[True][1] and _sums(node, kernel)):
         return best[False][0], False
     return best[True][0], best[True][0] is not None
+
+
+def _sums(node: isl.ScheduleNode, kernel: Kernel) -> bool:
+    """Every statement under ``node`` is a sum (``+=``): on a tie of stride scores its
+    reduction runs innermost, walking its operands' contiguous index, and takes the
+    rows-only dot-product register tile (``register_tile.plan_dot``: that many
+    independent chains side by side). A row sum ``s(n) +=! X(n,d)`` vectorized over
+    ``n`` instead loads each lane from another row and loads and stores ``s`` at each
+    step: 2.5x slower at 128 x 768 (the BERT layer's LayerNormalization means and
+    variances). Each sum adds its terms in the same order either way."""
+    names = member_iterators(node, 0)
+    return bool(names) and all(kernel.statement(n).op == "+" for n in names)
 
 
 def _member_order(node: isl.ScheduleNode, inner: int | None, kernel: Kernel) -> list[int]:
