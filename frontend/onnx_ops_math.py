@@ -678,6 +678,13 @@ def _tref(name: str, idx: Sequence[str]) -> str:
     return f"{name}({', '.join(idx)})" if len(idx) else name
 
 
+#: a Softmax computes each exponential once, into a temporary that its sum and its
+#: division read (a vector loop over the contiguous axis), rather than once in the sum
+#: and again in the division: the sum must add its terms in order, which keeps its loop
+#: scalar, and gcc 12 calls libmvec's vector ``expf`` only in vector loops
+SOFTMAX_EXP_ONCE = True
+
+
 @register("Softmax", "LogSoftmax")
 def softmax(node: Node, ctx: LowerContext) -> Lowered:
     x, out = node.inputs[0], node.outputs[0]
@@ -694,8 +701,14 @@ def softmax(node: Node, ctx: LowerContext) -> Lowered:
     full, red, kept, kshape = _split(shape, axes)
     mx, s = ctx.temp("max"), ctx.temp("sum")
     xr, xf = ref(ctx, x, red), ref(ctx, x, full)
-    stmts = [temp_stmt(ctx, mx, kept, kshape, "max=!", xr),
-             temp_stmt(ctx, s, kept, kshape, "+=!", f"exp({xr} - {_tref(mx, kept)})")]
+    stmts = [temp_stmt(ctx, mx, kept, kshape, "max=!", xr)]
+    if node.op_type == "Softmax" and SOFTMAX_EXP_ONCE:
+        e = ctx.temp("exp")
+        stmts += [temp_stmt(ctx, e, full, shape, "=", f"exp({xf} - {_tref(mx, kept)})"),
+                  temp_stmt(ctx, s, kept, kshape, "+=!", _tref(e, red)),
+                  stmt(ctx, out, full, "=", f"{_tref(e, full)} / {_tref(s, kept)}")]
+        return Lowered(stmts)
+    stmts.append(temp_stmt(ctx, s, kept, kshape, "+=!", f"exp({xr} - {_tref(mx, kept)})"))
     if node.op_type == "Softmax":
         value = f"exp({xf} - {_tref(mx, kept)}) / {_tref(s, kept)}"
     else:

@@ -461,6 +461,22 @@ def test_fused_gemm_relu_softmax_two_steps():
     assert {n for n, _ in prog.weights} == {"w_t", "b"}
 
 
+@pytest.mark.parametrize("axis,opset", [(-1, 17), (1, 17), (1, 11)])
+def test_softmax_computes_each_exponential_once(axis, opset):
+    """A Softmax's exponentials go into a temporary that its sum and its division both
+    read: one ``exp`` in the lowered kernel, not one in the sum and one in the division
+    (the sum, which adds in order, runs scalar). The last axis, a middle one, and opset
+    11's flattening of every trailing axis, against both references."""
+    nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=axis)]
+    model = make_model(nodes, [("x", F, (2, 5, 37, 45))], [("y", F, None)], opset=opset)
+    # (onnx's reference implementation normalizes opset 11's Softmax over one axis only)
+    prog = check_against_references(model, {"x": rand((2, 5, 37, 45), lo=-4, hi=4)},
+                                    ref="ort" if opset < 13 else "both")
+    (step,) = prog.steps
+    values = " ".join(str(st.value) for st in step.kernel.statements)
+    assert values.count("fn='exp'") == 1, values
+
+
 def test_intermediate_output_and_shared_input():
     """A fused chain's intermediate that is also a graph output ends the group; a tensor
     read twice is one kernel argument."""
