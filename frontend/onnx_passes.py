@@ -844,6 +844,10 @@ def _odd_lines(m: int) -> int:
 _INT8 = ("int8", "uint8")
 #: the contractions a float16 model computes in float32 (its weights converted once)
 _CONTRACTIONS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+#: the half types, computed in float32 (:mod:`polyc.dtypes`)
+_HALF = ("float16", "bfloat16")
+#: their ONNX element types (a Cast's ``to``)
+_HALF_PROTO = {"float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}
 
 
 def contractions_in_float(graph: Graph, stats: Counter | None = None) -> Graph:
@@ -862,7 +866,7 @@ def contractions_in_float(graph: Graph, stats: Counter | None = None) -> Graph:
     changed = 0
     for n in graph.nodes:
         out = n.outputs[0] if n.outputs else ""
-        half = out and tensors[out].dtype in ("float16", "bfloat16")
+        half = out and tensors[out].dtype in _HALF
         if n.op_type not in _CONTRACTIONS or not half or len(n.outputs) != 1 or \
                 any(x and tensors[x].dtype != tensors[out].dtype for x in n.inputs):
             nodes.append(n)
@@ -881,8 +885,7 @@ def contractions_in_float(graph: Graph, stats: Counter | None = None) -> Graph:
         wide_out = _fresh(f"{out}_f32", tensors)
         tensors[wide_out] = TensorInfo(wide_out, "float32", tensors[out].shape)
         nodes.append(_with(n, inputs=tuple(ins), outputs=(wide_out,)))
-        to = onnx.TensorProto.FLOAT16 if tensors[out].dtype == "float16" else \
-            onnx.TensorProto.BFLOAT16
+        to = _HALF_PROTO[tensors[out].dtype]
         rounding = _fresh(f"{n.name}_round", node_names)
         node_names.add(rounding)
         nodes.append(Node(rounding, "Cast", (wide_out,), (out,), {"to": to}))
@@ -894,16 +897,15 @@ def contractions_in_float(graph: Graph, stats: Counter | None = None) -> Graph:
 
 
 #: float16 (bfloat16) ops whose result is the float32 operation on their widened
-#: operands, rounded once (Sum of at most two): float32 holds every product and quotient of two float16
-#: values to 24 bits, at least 2p + 2 for p = 11 (and 8), so rounding the float32 result
-#: again gives the correctly rounded float16 result (no double-rounding error)
+#: operands, rounded once (Sum of at most two): float32's 24 bits are at least 2p + 2
+#: for p = 11 (and 8), so for +, -, * and / rounding the correctly rounded float32
+#: result again gives the correctly rounded float16 result (no double-rounding error)
 _ROUNDED_ONCE = frozenset(["Add", "Sub", "Mul", "Div", "Sum"])
 #: float16 ops whose every result element is one of their inputs' elements (or a
 #: bound): exact in float32 on float16 values, no rounding after
 _EXACT_ON_HALF = frozenset(["Relu", "Max", "Min", "Neg", "Abs", "Clip", "MaxPool",
                             "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
                             "Identity", "Concat"])
-_HALF = ("float16", "bfloat16")
 
 
 def half_values_in_float(graph: Graph, stats: Counter | None = None) -> Graph:
@@ -1028,9 +1030,8 @@ def _safe_half(n: Node, tensors: Mapping[str, TensorInfo]) -> bool:
 def _half_of(x: str, wide: str, tensors: Mapping[str, TensorInfo],
              fresh_node: Callable[[str], str]) -> Node:
     """The node computing the float16 tensor ``x`` back from its float32 values (exact)."""
-    to = onnx.TensorProto.FLOAT16 if tensors[x].dtype == "float16" else \
-        onnx.TensorProto.BFLOAT16
-    return Node(fresh_node(f"{x}_narrow"), "Cast", (wide,), (x,), {"to": to})
+    return Node(fresh_node(f"{x}_narrow"), "Cast", (wide,), (x,),
+                {"to": _HALF_PROTO[tensors[x].dtype]})
 
 
 def pools_on_integers(graph: Graph, stats: Counter | None = None) -> Graph:

@@ -477,6 +477,18 @@ def test_softmax_computes_each_exponential_once(axis, opset):
     assert values.count("fn='exp'") == 1, values
 
 
+def test_softmax_exponentials_once_on_the_cuda_target():
+    """The same Softmax lowering (its exponentials' temporary) on the CUDA target, run by
+    the CPU emulation, against numpy, on sizes that are no multiple of a tile."""
+    import polyc
+    nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=-1)]
+    model = make_model(nodes, [("x", F, (3, 37, 45))], [("y", F, None)])
+    x = rand((3, 37, 45), lo=-4, hi=4)
+    (got,) = polyc.compile_onnx(model, target="cuda", emulate=True).run(None, {"x": x})
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
 def test_intermediate_output_and_shared_input():
     """A fused chain's intermediate that is also a graph output ends the group; a tensor
     read twice is one kernel argument."""

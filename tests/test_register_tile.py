@@ -273,3 +273,15 @@ def test_row_sums_run_their_reduction_innermost(scheduler, threads):
     assert "polyc_acc[" in op.c_source
     assert not re.search(r"#pragma omp simd\s*\n\s*for \(int64_t c\d+ = 0; c\d+ <= 36;",
                          op.c_source)
+
+
+def test_row_sums_on_the_cuda_target():
+    """The row sum on the CUDA target (the CPU emulation): each row's terms in order, as
+    a sequential float32 sum."""
+    op = polyc.define("def rs(float(N,D) X) -> (s) { s(n) +=! X(n,d) }", target="cuda",
+                      emulate=True)
+    x = np.random.default_rng(3).standard_normal((37, 300)).astype(np.float32)
+    want = np.zeros(37, np.float32)
+    for d in range(300):
+        want += x[:, d]
+    np.testing.assert_allclose(op(x), want, rtol=1e-5, atol=1e-4)

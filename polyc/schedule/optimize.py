@@ -317,15 +317,27 @@ def _split_for_threads(sizes: list[int], extents: list[int | None], flags: list[
         return sizes
     known = [i for i in range(len(sizes)) if flags[i] and (extents[i] or 0) >= 2]
     for best in sorted(known, key=lambda i: -(extents[i] or 0)):
-        unit = 1 if reg is None else reg.mr if best == reg.u else reg.nr if best == reg.v \
-            else 1
-        per_thread = -(-(extents[best] or 0) // threads)
-        size = _share(per_thread, unit, reg is not None and best == reg.v)
+        size = _thread_cut(extents[best] or 0, reg, best, threads)
         if size < (extents[best] or 0):  # (a 32-channel vector member cannot be cut)
             sizes = list(sizes)
             sizes[best] = size
             return sizes
     return sizes
+
+
+def _unit(reg: register_tile.Plan | None, member: int) -> tuple[int, bool]:
+    """The tile unit of ``member`` (a register tile's rows or columns, else 1) and
+    whether it is the register tile's vector member (cut only in whole units)."""
+    if reg is None:
+        return 1, False
+    return (reg.mr if member == reg.u else reg.nr if member == reg.v else 1), member == reg.v
+
+
+def _thread_cut(extent: int, reg: register_tile.Plan | None, member: int,
+                threads: int) -> int:
+    """A tile of ``member`` that gives each of ``threads`` one (:func:`_share`)."""
+    unit, vector = _unit(reg, member)
+    return _share(-(-extent // threads), unit, vector)
 
 
 def _trips(sizes: list[int], extents: list[int | None]) -> list[int | None]:
@@ -424,17 +436,16 @@ def _balanced(sizes: list[int], extents: list[int | None], member: int | None,
     i = member
     if threads < 2 or i is None or extents[i] is None:
         return sizes
-    extent, unit = extents[i], 1
-    if reg is not None:
-        unit = reg.mr if i == reg.u else reg.nr if i == reg.v else 1
-    vector = reg is not None and i == reg.v
+    extent = extents[i]
+    unit, vector = _unit(reg, i)
     trips = -(-extent // sizes[i])
     tiles = -(-trips // threads) * threads
     cands = {min(sizes[i], _share(-(-extent // tiles), unit, vector))}
     cands.update(range(unit, sizes[i] + 1, unit))
-    least = min(_busiest_share(extent, c, threads) for c in cands)
-    size = min((c for c in cands if _busiest_share(extent, c, threads) <= least * BALANCE_SLACK),
-               key=lambda c: (-(-extent // c), _busiest_share(extent, c, threads), -c))
+    busiest = {c: _busiest_share(extent, c, threads) for c in cands}
+    least = min(busiest.values())
+    size = min((c for c in cands if busiest[c] <= least * BALANCE_SLACK),
+               key=lambda c: (-(-extent // c), busiest[c], -c))
     if size >= sizes[i]:
         return sizes
     sizes = list(sizes)
@@ -460,8 +471,7 @@ def _evened(sizes: list[int], extents: list[int | None], flags: list[bool],
             continue
         cut = list(sizes)
         if -(-extents[j] // sizes[j]) < threads:
-            unit = 1 if reg is None else reg.mr if j == reg.u else reg.nr if j == reg.v else 1
-            cut[j] = _share(-(-extents[j] // threads), unit, reg is not None and j == reg.v)
+            cut[j] = _thread_cut(extents[j], reg, j, threads)
         cut = _balanced(cut, extents, j, reg, threads)
         if -(-extents[j] // cut[j]) < threads:
             continue
