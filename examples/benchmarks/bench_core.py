@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # alternating blocks of each side, the median of their medians (the reason is in its doc)
-from bench_onnx import _median_pair  # noqa: E402
+from bench_onnx import _median_pair, summary  # noqa: E402
 
 CONV = """
 def conv2d(float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
@@ -67,12 +67,8 @@ def child(threads: int, repeat: int, shapes: list[tuple[int, int, int]],
               flush=True)
         ratios.append(tn / tp)
         checks.append(ok)
-    if ratios:
-        mean = float(np.exp(np.mean(np.log(ratios))))
-        print(f"summary matmul threads={threads}: {len(ratios)} shapes, geometric mean speed "
-              f"ratio polyc/numpy {mean:.2f}; at least 1.0x numpy's speed: "
-              f"{sum(r >= 1.0 for r in ratios)} of {len(ratios)}; correct: {sum(checks)} of "
-              f"{len(checks)}", flush=True)
+    summary(f"matmul threads={threads}", "shapes", "speed ratio polyc/numpy", ratios, checks,
+            "at least 1.0x numpy's speed", lambda r: r >= 1.0)
     if not conv_too:
         return
 

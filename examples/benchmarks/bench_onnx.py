@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -155,11 +156,18 @@ def child(threads: int, repeat: int, models: list[str], rounds: int = 5) -> None
               f"compile {compile_s:6.1f} s  correct={ok}", flush=True)
         ratios.append(tp / to)
         correct.append(ok)
+    summary(f"threads={threads}", "models", "latency ratio polyc/ort", ratios, correct,
+            f"at most {GOAL}x onnxruntime's latency", lambda r: r <= GOAL)
+
+
+def summary(head: str, items: str, measure: str, ratios: list[float], correct: list[bool],
+            goal: str, meets) -> None:
+    """A table's summary line: the geometric mean of its ratios, how many meet the
+    goal, how many were correct (nothing when the table is empty)."""
     if ratios:
-        geo = float(np.exp(np.mean(np.log(ratios))))
-        print(f"summary threads={threads}: {len(ratios)} models, geometric mean latency "
-              f"ratio polyc/ort {geo:.2f}; at most {GOAL}x onnxruntime's latency: "
-              f"{sum(r <= GOAL for r in ratios)} of {len(ratios)}; correct: "
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        print(f"summary {head}: {len(ratios)} {items}, geometric mean {measure} {geo:.2f}; "
+              f"{goal}: {sum(bool(meets(r)) for r in ratios)} of {len(ratios)}; correct: "
               f"{sum(correct)} of {len(correct)}", flush=True)
 
 
