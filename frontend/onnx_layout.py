@@ -66,6 +66,12 @@ CHANNEL_MULTIPLE = 16
 #: ``(M/MB, KH, KW, C, MB)``, or ``(KH, KW, C)`` for a depthwise one); lowered by
 #: :func:`.onnx_ops_nn.conv_nhwc`
 CONV_NHWC = "PolycConvNHWC"
+#: polyc's own ops: a 3x3, stride-1 Conv over NHWC input giving NHWC output by
+#: Winograd's minimal filtering, as ``V = PolycWinogradInput(X)``, ``Mt = MatMul(V, U)``
+#: (``U`` the transformed weights, :func:`winograd_weights`) and ``Y =
+#: PolycWinogradOutput(Mt, B)``; lowered by :func:`.onnx_ops_nn.winograd_input` and
+#: :func:`.onnx_ops_nn.winograd_output`
+WINOGRAD_INPUT, WINOGRAD_OUTPUT = "PolycWinogradInput", "PolycWinogradOutput"
 #: polyc's own op: a MatMul (or a Gemm without transposes) whose constant ``B`` is stored
 #: in column blocks ``(ceil(N / NB), K, NB)`` (:func:`blocked_columns`); lowered by
 #: :func:`.onnx_ops_math.matmul_blocked`
@@ -113,6 +119,29 @@ def nhwc_weights(w: np.ndarray, kind: str) -> np.ndarray:
     ``(KH, KW, C)`` for a depthwise one (``(C, 1, KH, KW)``: the channel innermost, the
     vector loop's)."""
     return blocked_weights(w) if kind == "dense" else w[:, 0].transpose(1, 2, 0)
+
+
+def wants_winograd(node: Node, graph: Graph) -> bool:
+    """Whether a dense channel-last Conv (:func:`wants_nhwc`) can run by Winograd's
+    ``F(m x m, 3x3)`` (:mod:`.winograd`): float32, 3x3, unit-stride and undilated, over
+    at least a vector of input channels."""
+    if wants_nhwc(node, graph) != "dense":
+        return False
+    weights = graph.constants[node.inputs[1]]
+    if weights.dtype != np.float32 or weights.shape[2:] != (3, 3) or \
+            weights.shape[1] < CHANNEL_MULTIPLE:
+        return False
+    return all(int(s) == 1 for s in node.attrs.get("strides", [1, 1])) and \
+        all(int(d) == 1 for d in node.attrs.get("dilations", [1, 1]))
+
+
+def winograd_weights(w: np.ndarray) -> np.ndarray:
+    """``(M, C, 3, 3)`` weights as Winograd's transformed filters, one ``(C, M)`` matrix
+    per position of the tile: ``(alpha * alpha, C, M)`` (:func:`.winograd.filter_transform`)."""
+    from .winograd import filter_transform
+    u = filter_transform(w)
+    alpha, _, m, c = u.shape
+    return u.reshape(alpha * alpha, m, c).transpose(0, 2, 1)
 
 
 def pointwise_unpadded(node: Node, weights: np.ndarray) -> bool:
@@ -197,7 +226,8 @@ def blocked_columns(b: np.ndarray) -> np.ndarray:
     return padded.reshape(k, nbk, COLUMN_BLOCK).transpose(1, 0, 2)
 
 
-def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
+def choose_conv_layouts(graph: Graph, stats: Counter | None = None,
+                        winograd: bool = False) -> Graph:
     """Make the Convs that run channel-last ``PolycConvNHWC`` between transpositions,
     with their weights laid out, and sink the transpositions (:func:`sink_transposes`);
     split each strided 1x1 Conv over many pixels into a strided ``Slice`` and a
@@ -205,7 +235,9 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
     transposed ``B`` (``transB=0``: the layer then vectorizes along its outputs, a GEMV
     streaming contiguous rows); a MatMul or Gemm with a constant ``B`` of many columns
     then becomes ``PolycMatMulBlocked`` over ``B`` in column blocks. The new weights are
-    new constants; the old ones go when nothing else reads them."""
+    new constants; the old ones go when nothing else reads them. With ``winograd``, a
+    channel-last Conv that :func:`wants_winograd` becomes Winograd's three nodes
+    (:data:`WINOGRAD_INPUT`) instead of ``PolycConvNHWC``."""
     from .onnx_passes import eliminate_dead_nodes
     stats = stats if stats is not None else Counter()
     constants, tensors = dict(graph.constants), dict(graph.tensors)
@@ -261,17 +293,54 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None) -> Graph:
         tensors[name] = TensorInfo(name, info.dtype, tuple(info.shape[p] for p in perm))
         return name
 
+    def winograd_nodes(n: Node, xt: str, yt: str) -> list[Node]:
+        """``n`` (NHWC ``xt`` -> ``yt``) as Winograd's input transform, a batched MatMul
+        by the transformed weights over the flattened tiles and the output transform
+        (with ``n``'s bias)."""
+        from .winograd import TILE
+        dtype, c = tensors[xt].dtype, tensors[xt].shape[3]
+        batch, oh, ow, m = tensors[yt].shape
+        alpha, th, tw = TILE + 2, -(-oh // TILE), -(-ow // TILE)
+        tiles = (alpha * alpha, batch, th, tw)
+
+        def tensor(tag: str, shape: tuple[int, ...]) -> str:
+            name = fresh(f"{n.outputs[0]}_wino_{tag}")
+            tensors[name] = TensorInfo(name, dtype, shape)
+            return name
+
+        def reshape(x: str, tag: str, shape: tuple[int, ...]) -> Node:
+            to = constant(f"{n.name}_wino_{tag}_shape", np.asarray(shape, np.int64))
+            return Node(node_name(f"{n.name}_wino_{tag}"), "Reshape", (x, to),
+                        (tensor(tag, shape),))
+
+        u = copy(n.inputs[1], "winograd", winograd_weights)
+        geometry = {k: v for k, v in n.attrs.items() if k in ("pads", "auto_pad")}
+        v = Node(node_name(f"{n.name}_wino_in"), WINOGRAD_INPUT, (xt,),
+                 (tensor("v", tiles + (c,)),),
+                 {**geometry, "polyc_tile": TILE, "polyc_output": [oh, ow]})
+        flat = reshape(v.outputs[0], "vflat", (alpha * alpha, batch * th * tw, c))
+        mm = Node(node_name(f"{n.name}_wino_mm"), "MatMul", (flat.outputs[0], u),
+                  (tensor("m", (alpha * alpha, batch * th * tw, m)),))
+        products = reshape(mm.outputs[0], "mtiles", tiles + (m,))
+        return [v, flat, mm, products,
+                Node(n.name, WINOGRAD_OUTPUT, (products.outputs[0],) + n.inputs[2:], (yt,),
+                     {"polyc_tile": TILE})]
+
     for n in graph.nodes:
         kind = wants_nhwc(n, graph)
         if kind is not None:
             x, y = n.inputs[0], n.outputs[0]
             xt = transposed_tensor(x, TO_NHWC, f"{x}_nhwc")
             yt = transposed_tensor(y, TO_NHWC, f"{y}_nhwc")
-            w = copy(n.inputs[1], kind, lambda v, k=kind: nhwc_weights(v, k))
             nodes.append(Node(node_name(f"{n.name}_to_nhwc"), "Transpose", (x,), (xt,),
                               {"perm": list(TO_NHWC)}))
-            nodes.append(dataclasses.replace(n, op_type=CONV_NHWC,
-                                             inputs=(xt, w) + n.inputs[2:], outputs=(yt,)))
+            if winograd and wants_winograd(n, graph):
+                nodes.extend(winograd_nodes(n, xt, yt))
+                stats["conv_winograd"] += 1
+            else:
+                w = copy(n.inputs[1], kind, lambda v, k=kind: nhwc_weights(v, k))
+                nodes.append(dataclasses.replace(n, op_type=CONV_NHWC,
+                                                 inputs=(xt, w) + n.inputs[2:], outputs=(yt,)))
             n = Node(node_name(f"{n.name}_to_nchw"), "Transpose", (yt,), (y,),
                      {"perm": list(TO_NCHW)})
             stats["conv_channels_last"] += 1

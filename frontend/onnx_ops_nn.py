@@ -37,7 +37,8 @@ import numpy as np
 from polyc import dtypes as D
 
 from .onnx_graph import LowerContext, Lowered, Node, literal, register
-from .onnx_layout import CONV_NHWC
+from . import winograd
+from .onnx_layout import CONV_NHWC, WINOGRAD_INPUT, WINOGRAD_OUTPUT
 from .onnx_ops_math import str_attr
 from .onnx_ops_shape import affine, check_dtype, check_nonempty, lhs, names, read, \
     unsupported, where
@@ -240,16 +241,19 @@ def _phase_copy(ctx: LowerContext, x: str, dst: str, win: Window, pad: str | Non
 
 
 def _padded_copy(ctx: LowerContext, x: str, dst: str, win: Window, before: list[str],
-                 after: list[str], pad: str | None = None, channel_last: bool = False) -> str:
+                 after: list[str], pad: str | None = None, channel_last: bool = False,
+                 extent: Sequence[int] | None = None) -> str:
     """``dst(before.., p.., after..) = X(n, ci, p - pad..)`` (0 in the padding): the
     input's spatial dimensions copied between the leading ``before`` and trailing
     ``after`` indices (``n, ci`` first for NCHW, ``n`` / ``ci`` around for NHWC); with
-    ``channel_last`` the input is ``X(n, p.., ci)``."""
+    ``channel_last`` the input is ``X(n, p.., ci)``. ``extent``: the padded extents
+    (default: up to the window's last input index)."""
     xs = ctx.shape(x)
     k = len(xs) - 2
     spatial = xs[1:1 + k] if channel_last else xs[2:]
     p = names("p", k)
-    ext = [win.max_index(d) + win.begin[d] + 1 for d in range(k)]
+    ext = list(extent) if extent is not None else \
+        [win.max_index(d) + win.begin[d] + 1 for d in range(k)]
     guards = []
     for d in range(k):
         e = affine([(1, p[d])], -win.begin[d])
@@ -330,6 +334,112 @@ def conv_nhwc(node: Node, ctx: LowerContext) -> Lowered:
     copy_out = f"{lhs(ctx.name(y), out_idx)} = {value}" \
         f"{where([(i, 0, d) for i, d in zip(out_idx, ys)])}"
     return Lowered(copy_in + [conv, copy_out])
+
+
+def _winograd_tiles(node: Node, out: Sequence[int]) -> tuple[int, int, int]:
+    """``(m, TH, TW)``: the output tile ``m`` of a Winograd op (attribute
+    ``polyc_tile``) and the tiles along the output's height and width ``out``."""
+    m = int(node.attr("polyc_tile", winograd.TILE))
+    return m, -(-int(out[0]) // m), -(-int(out[1]) // m)
+
+
+@register(WINOGRAD_INPUT)
+def winograd_input(node: Node, ctx: LowerContext) -> Lowered:
+    """polyc's own op (:mod:`.onnx_layout`): the input transform of a 3x3, stride-1
+    Conv by Winograd's ``F(m x m, 3x3)`` (:mod:`.winograd`; ``m`` the attribute
+    ``polyc_tile``, the Conv's output extents ``polyc_output``). From NHWC input ``X``
+    to ``V(p, n, ty, tx, c)``, ``p = a * alpha + b`` the position in the ``alpha x
+    alpha`` input tile of output tile ``(ty, tx)`` (``ceil(OH/m) x ceil(OW/m)`` of
+    them)::
+
+        P(n, h, w, c)         = X zero-padded to cover every tile (the Conv's pads first)
+        V(p, n, ty, tx, c)    = (B^T d B)[a, b],  d = P(n, m*ty.., m*tx.., c)
+                                                   one statement per position, fixed p
+
+    each a sum of a few inputs of the tile with constant coefficients; the MatMul of
+    ``V`` (its tiles flattened) by the transformed weights then does the channels' sums
+    for every position at once, :func:`winograd_output` the rest."""
+    x, v = node.inputs[0], node.outputs[0]
+    check_nonempty(node, ctx, x, v)
+    check_dtype(node, ctx, x, ("float32",))
+    xs, vs = ctx.shape(x), ctx.shape(v)
+    out = [int(d) for d in node.attr("polyc_output", [])]
+    if len(xs) != 4 or len(out) != 2:
+        raise unsupported(node, f"input {list(xs)}, output extents {out}")
+    m, TH, TW = _winograd_tiles(node, out)
+    alpha, N, C = m + 2, xs[0], xs[3]
+    if tuple(vs) != (alpha * alpha, N, TH, TW, C):
+        raise unsupported(node, f"transformed input {list(vs)} is not "
+                                f"{[alpha * alpha, N, TH, TW, C]}")
+    win = Window(node, xs[1:3], out, [3, 3])
+    if win.strides != [1, 1] or win.dilations != [1, 1]:
+        raise unsupported(node, f"Winograd needs unit strides and dilations, not "
+                                f"{win.strides} / {win.dilations}")
+    BT, _, _ = winograd.matrices(m)
+    src = ctx.temp("xpad")
+    stmts = [_padded_copy(ctx, x, src, win, ["n"], ["ci"], channel_last=True,
+                          extent=[TH * m + 2, TW * m + 2])]
+
+    def tile_input(i: int, j: int) -> str:
+        return read(src, ["n", affine([(m, "ty")], i), affine([(m, "tx")], j), "c"])
+
+    tiles = [("n", 0, N), ("ty", 0, TH), ("tx", 0, TW), ("c", 0, C)]
+    for a in range(alpha):
+        for b in range(alpha):
+            p = a * alpha + b
+            stmts.append(f"{lhs(ctx.name(v), ['p', 'n', 'ty', 'tx', 'c'])} = "
+                         f"{winograd.transform(BT, BT, a, b, tile_input)}"
+                         f"{where([('p', p, p + 1)] + tiles)}")
+    return Lowered(stmts)
+
+
+@register(WINOGRAD_OUTPUT)
+def winograd_output(node: Node, ctx: LowerContext) -> Lowered:
+    """polyc's own op (:mod:`.onnx_layout`): the output transform of a Winograd
+    convolution (see :func:`winograd_input`), from the products ``Mt(p, n, ty, tx, m)``
+    (the MatMul of the transformed input by the transformed weights) to NHWC output
+    ``Y``, plus the bias::
+
+        O(n, ty, i, tx, j, m) = (A^T Mt A)[i, j]       one statement per (i, j)
+        Y(n, oh, ow, m)       = O(n, oh / m, oh % m, ow / m, ow % m, m) (+ B(m))
+
+    the copy-out is the pass the bias and the fused activation make anyway (``O`` has
+    ``Y``'s layout where ``m`` divides the output's extents)."""
+    mt, y = node.inputs[0], node.outputs[0]
+    b = node.inputs[1] if len(node.inputs) > 1 else ""
+    check_nonempty(node, ctx, mt, y)
+    check_dtype(node, ctx, mt, ("float32",))
+    ms, ys = ctx.shape(mt), ctx.shape(y)
+    if len(ys) != 4:
+        raise unsupported(node, f"output {list(ys)}")
+    m, TH, TW = _winograd_tiles(node, ys[1:3])
+    alpha, N, M = m + 2, ys[0], ys[3]
+    if tuple(ms) != (alpha * alpha, N, TH, TW, M):
+        raise unsupported(node, f"products {list(ms)} are not {[alpha * alpha, N, TH, TW, M]}")
+    _, _, AT = winograd.matrices(m)
+    o = ctx.temp("wino_o")
+    o_idx = ["n", "ty", "i", "tx", "j", "m"]
+    tiles = [("n", 0, N), ("ty", 0, TH), ("tx", 0, TW), ("m", 0, M)]
+    # O is written one position of the output tile at a time: a first statement
+    # (dropped from the kernel) declares its whole shape
+    stmts = [f"{lhs(o, o_idx)} = {literal(0.0, 'float32')}"
+             f"{where(tiles + [('i', 0, m), ('j', 0, m)])}"]
+
+    def product(a: int, bb: int) -> str:
+        return read(ctx.name(mt), [str(a * alpha + bb), "n", "ty", "tx", "m"])
+
+    for i in range(m):
+        for j in range(m):
+            stmts.append(f"{lhs(o, o_idx)} = {winograd.transform(AT, AT, i, j, product)}"
+                         f"{where(tiles + [('i', i, i + 1), ('j', j, j + 1)])}")
+    oh, ow = "o0", "o1"
+    value = read(o, ["n", f"{oh} / {m}", f"{oh} % {m}", f"{ow} / {m}", f"{ow} % {m}", "m"])
+    if b:
+        value = f"{value} + {read(ctx.name(b), ['m'])}"
+    out_idx = ["n", oh, ow, "m"]
+    stmts.append(f"{lhs(ctx.name(y), out_idx)} = {value}"
+                 f"{where([(i, 0, d) for i, d in zip(out_idx, ys)])}")
+    return Lowered(stmts, scaffold=(0,))
 
 
 def _bias(ctx: LowerContext, y: str, ys: Sequence[int], b: str, out_idx: list[str]) -> str:

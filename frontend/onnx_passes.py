@@ -55,7 +55,8 @@ FOLD_LIMIT_BYTES = 16 << 20
 VIEW_OPS = frozenset(["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"])
 #: ops that start a fusion group (their elementwise consumers join them)
 ANCHOR_OPS = frozenset(["Conv", "ConvTranspose", "Gemm", "MatMul", "PolycConvDot",
-                        "PolycConvNHWC", "PolycMatMulBlocked"])
+                        "PolycConvNHWC", "PolycWinogradOutput",
+                        "PolycMatMulBlocked"])
 #: elementwise ops (each output element from the same element of the inputs, broadcast)
 ELEMENTWISE_OPS = frozenset([
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal",
@@ -512,7 +513,8 @@ def eliminate_common_subexpressions(graph: Graph, stats: Counter | None = None) 
 
 
 def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
-                   integer_dot: bool = False, byte_quads: bool = False) -> Graph:
+                   integer_dot: bool = False, byte_quads: bool = False,
+                   winograd: bool = False) -> Graph:
     """A QDQ-quantized convolution -- ``DequantizeLinear`` of an int8/uint8 input and
     weight (and of an int32 bias whose scale is the input's times the weight's), a float
     Conv, maybe a Relu, then ``QuantizeLinear`` -- becomes one ``QLinearConv`` on the
@@ -1181,13 +1183,16 @@ def _prune_tensors(graph: Graph) -> Graph:
 
 
 def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
-                   integer_dot: bool = False, byte_quads: bool = False) -> Graph:
+                   integer_dot: bool = False, byte_quads: bool = False,
+                   winograd: bool = False) -> Graph:
     """Every pass, in a fixed order (see the module doc). The counts of what was done go
     into ``stats`` when given, and are returned by :func:`pass_stats` afterwards.
     ``integer_dot``: the target CPU has integer dot-product instructions (VNNI), so
     quantized convolutions run on the integers (:func:`convs_as_dot_products`) rather
     than as exact float convolutions; ``byte_quads``: with 512-bit VNNI, in the layout of
-    its outer-product micro-kernels (:func:`convs_as_dot_products`)."""
+    its outer-product micro-kernels (:func:`convs_as_dot_products`); ``winograd``: dense
+    3x3 unit-stride float32 Convs run by Winograd's algorithm (:func:`.onnx_layout.
+    wants_winograd`)."""
     c: Counter = Counter()
     before = len(graph.nodes)
     # before folding turns DequantizeLinear(W) into floats
@@ -1204,7 +1209,7 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
     graph = half_values_in_float(graph, c)
     graph = fold_constants(graph, c)         # Casts fold
     graph = eliminate_dead_nodes(graph, c)
-    graph = choose_conv_layouts(graph, c)
+    graph = choose_conv_layouts(graph, c, winograd=winograd)
     c["nodes_before"] = before
     c["nodes_after"] = len(graph.nodes)
     result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "conv_dot", "half_in_float",
@@ -1214,7 +1219,7 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
                                              "noops",
                                              "batchnorm_folded", "cse",
                                              "cse_constants", "dead", "conv_channels_last",
-                                             "transposes_sunk", "transposes_cancelled",
+                                             "conv_winograd", "transposes_sunk", "transposes_cancelled",
                                              "gemm_transposed", "matmul_blocked",
                                              "nodes_before",
                                              "nodes_after")}

@@ -80,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: runtime's)")
     c.add_argument("--no-parallel", action="store_true", help="no OpenMP parallel loops")
     c.add_argument("--no-simd", action="store_true", help="no omp simd loops")
+    c.add_argument("--no-winograd", action="store_true",
+                   help="(ONNX) direct 3x3 convolutions, not Winograd's F(2x2, 3x3)")
     c.add_argument("--sizes", default="",
                    help="specialise to sizes, e.g. M=128,N=64 (default: sizes are parameters)")
     c.add_argument("--schedule", help="a schedule (isl union map) to use instead of isl's")
@@ -230,7 +232,8 @@ def _options(args: argparse.Namespace, specialize: bool) -> Options:
             raise SystemExit(f"polyc: error: --emit {args.emit} needs --target cuda")
         return Options(fusion=args.fusion, tile=_tile(args.tile), threads=args.threads,
                        parallel=not args.no_parallel, vectorize=not args.no_simd,
-                       specialize=specialize, schedule=args.schedule, tune=args.tune)
+                       specialize=specialize, schedule=args.schedule, tune=args.tune,
+                       winograd=not getattr(args, "no_winograd", False))
     if args.emit == "c":
         raise SystemExit("polyc: error: --target cuda emits cuda (the .cu), not c")
     if args.tune:

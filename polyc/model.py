@@ -323,7 +323,8 @@ def lower_onnx(model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
     integer_dot = options.target == "c" and options.vectorize and \
         options.register_tile is not False and machine.has_integer_dot()
     graph = optimize_graph(graph, integer_dot=integer_dot,
-                           byte_quads=integer_dot and machine.has_vnni512())
+                           byte_quads=integer_dot and machine.has_vnni512(),
+                           winograd=options.winograd and options.target == "c")
     if progress:
         progress(f"optimized the graph: {len(graph.nodes)} nodes")
 

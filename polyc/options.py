@@ -69,6 +69,10 @@ class Options:
         (concurrent start of the tiles of a wavefront instead of a pipeline).
     :pack: copy the large operand of a big contraction into column blocks before it
         runs (:mod:`polyc.pack`; C target, fixed sizes, register tiles on).
+    :winograd: ONNX models, C target: run each dense 3x3 unit-stride float32 Conv by
+        Winograd's minimal filtering ``F(2x2, 3x3)`` (:mod:`polyc.frontend.winograd`:
+        2.25x fewer multiplications; the results differ from the direct convolution's
+        by rounding); ``False`` for the direct convolution.
     """
 
     fusion: str = "smart"
@@ -102,6 +106,7 @@ class Options:
     scheduler: str = "isl"
     diamond: bool = True
     pack: bool = True
+    winograd: bool = True
 
     def __post_init__(self) -> None:
         from .errors import CompileError

@@ -62,12 +62,14 @@ def _feeds(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
     return out
 
 
-def _check_against_onnxruntime(model: onnx.ModelProto, cache: str) -> None:
+def _check_against_onnxruntime(model: onnx.ModelProto, cache: str, winograd: bool = True
+                               ) -> None:
     """polyc's output equals onnxruntime's, compiled for 1 and for 2 threads."""
     feeds = _feeds(model)
     want = onnxruntime_outputs(model, feeds)[0]
     for threads in (1, 2):
-        m = polyc.compile_onnx(model, options=polyc.Options(threads=threads, cache_dir=cache))
+        m = polyc.compile_onnx(model, options=polyc.Options(threads=threads, cache_dir=cache,
+                                                            winograd=winograd))
         np.testing.assert_allclose(m.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
 
 
@@ -93,11 +95,12 @@ SHAPES = [
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("residual", [True, False])
 def test_channel_last_conv_matches_onnxruntime(shape, residual, tmp_cache):
+    """Direct (``winograd=False``): every shape runs channel-last."""
     model = _conv_model(*shape, residual=residual, bias=residual)
-    program = lower_onnx(model)
+    program = lower_onnx(model, options=polyc.Options(winograd=False))
     convs = [s for s in program.steps if any("v_yt" == a.name for a in s.kernel.arrays)]
     assert convs, "the conv was expected to run channel-last"
-    _check_against_onnxruntime(model, tmp_cache)
+    _check_against_onnxruntime(model, tmp_cache, winograd=False)
 
 
 @pytest.mark.parametrize("shape", [(3, 16, 16, 16, 1, 1, 0), (8, 24, 9, 17, 1, 1, 0)],
@@ -166,7 +169,8 @@ def test_blocked_weights(m, block):
 
 def test_epilogue_is_one_statement():
     """Bias and Relu become one pass after the contraction."""
-    program = lower_onnx(_conv_model(16, 32, 7, 7, 3, 1, 1, residual=False))
+    program = lower_onnx(_conv_model(16, 32, 7, 7, 3, 1, 1, residual=False),
+                         options=polyc.Options(winograd=False))
     (step,) = [s for s in program.steps if any(a.name == "v_yt" for a in s.kernel.arrays)]
     last = step.kernel.statements[-1]
     assert "relu" in str(last.value) and last.write.array == step.kernel.outputs[0]

@@ -754,6 +754,7 @@ def first_visit_init(mark: isl.ScheduleNode, kernel: Kernel, schedule_map: isl.U
         return ""
     updates = isl.UnionMap.from_map(w).reverse()  # A[e] -> S[i]
     smap = schedule_map.intersect_params(ctx)
+    later = None  # schedule points -> the earlier ones (computed once, when needed)
     for r_stmt in kernel.statements:
         if r_stmt.name == s.name:
             continue
@@ -765,8 +766,11 @@ def first_visit_init(mark: isl.ScheduleNode, kernel: Kernel, schedule_map: isl.U
             pairs = isl.UnionMap.from_map(acc.relation(r_stmt.domain).intersect_params(ctx)) \
                 .apply_range(updates)  # R[j] -> S[i] on one element
             times = pairs.apply_domain(smap).apply_range(smap)  # t(R[j]) -> t(S[i])
-            if not times.is_empty() and not times.is_subset(
-                    smap.range().lex_gt_union_set(smap.range())):
+            if times.is_empty():
+                continue
+            if later is None:
+                later = smap.range().lex_gt_union_set(smap.range())
+            if not times.is_subset(later):
                 return ""
     return s0.name
 
