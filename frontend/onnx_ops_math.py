@@ -506,17 +506,23 @@ def matmul_blocked(node: Node, ctx: LowerContext) -> Lowered:
 
     the register tile's columns one block (its ``K x NB`` weights one contiguous
     stream); ``Yt`` holds ``Y``'s elements in the same order (and the zero-padded
-    columns of the last block, when ``NB`` does not divide ``N``)."""
+    columns of the last block, when ``NB`` does not divide ``N``). ``B`` may also be a
+    batch of such matrices, ``(.., NBK, K, NB)`` with ``A``'s batch dimensions (a
+    Winograd convolution's products, one matrix per position of the tile)."""
     a, bb, y = node.inputs[0], node.inputs[1], node.outputs[0]
     ys = ctx.shape(y)
-    nbk, k, nb = ctx.shape(bb)
+    bs = ctx.shape(bb)
+    nbk, k, nb = bs[-3:]
     dt = ctx.dtype(y)
-    if len(ys) < 2 or ctx.rank(a) != len(ys) or ctx.shape(a)[-1] != k or nbk * nb < ys[-1]:
-        raise unsupported(node, f"blocked weights {list(ctx.shape(bb))} do not fit input "
-                                f"{list(ctx.shape(a))} and output {list(ys)}")
     out = idx_names(len(ys))
     batch, m, n = out[:-2], out[-2], out[-1]
-    prod = f"{ref(ctx, a, batch + [m, 'r_k'])} * {ref(ctx, bb, ['nb', 'r_k', 'ni'])}"
+    batched = len(bs) > 3
+    if len(ys) < 2 or ctx.rank(a) != len(ys) or ctx.shape(a)[-1] != k or nbk * nb < ys[-1] \
+            or (batched and tuple(bs[:-3]) != tuple(ys[:-2])):
+        raise unsupported(node, f"blocked weights {list(bs)} do not fit input "
+                                f"{list(ctx.shape(a))} and output {list(ys)}")
+    b_idx = (batch if batched else []) + ["nb", "r_k", "ni"]
+    prod = f"{ref(ctx, a, batch + [m, 'r_k'])} * {ref(ctx, bb, b_idx)}"
     alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
     if alpha != 1.0:
         prod = f"{lit(alpha, dt)} * {prod}"

@@ -340,6 +340,8 @@ def _winograd_tiles(node: Node, out: Sequence[int]) -> tuple[int, int, int]:
     """``(m, TH, TW)``: the output tile ``m`` of a Winograd op (attribute
     ``polyc_tile``) and the tiles along the output's height and width ``out``."""
     m = int(node.attr("polyc_tile", winograd.TILE))
+    if m not in winograd.TILES:
+        raise unsupported(node, f"polyc_tile={m} (Winograd tiles: {winograd.TILES})")
     return m, -(-int(out[0]) // m), -(-int(out[1]) // m)
 
 
@@ -348,17 +350,18 @@ def winograd_input(node: Node, ctx: LowerContext) -> Lowered:
     """polyc's own op (:mod:`.onnx_layout`): the input transform of a 3x3, stride-1
     Conv by Winograd's ``F(m x m, 3x3)`` (:mod:`.winograd`; ``m`` the attribute
     ``polyc_tile``, the Conv's output extents ``polyc_output``). From NHWC input ``X``
-    to ``V(p, n, ty, tx, c)``, ``p = a * alpha + b`` the position in the ``alpha x
-    alpha`` input tile of output tile ``(ty, tx)`` (``ceil(OH/m) x ceil(OW/m)`` of
-    them)::
+    to ``V(a, b, n, ty, tx, c) = (B^T d B)[a, b]``, ``(a, b)`` a position in the
+    ``alpha x alpha`` input tile ``d`` of output tile ``(ty, tx)`` (``ceil(OH/m) x
+    ceil(OW/m)`` of them), in two passes of 1-D transforms::
 
-        P(n, h, w, c)         = X zero-padded to cover every tile (the Conv's pads first)
-        V(p, n, ty, tx, c)    = (B^T d B)[a, b],  d = P(n, m*ty.., m*tx.., c)
-                                                   one statement per position, fixed p
+        P(n, h, w, c)          = X zero-padded to cover every tile (the Conv's pads first)
+        W(b, i, n, ty, tx, c)  = sum_j B^T[b, j] * P(n, m*ty + i, m*tx + j, c)   fixed b
+        V(a, b, n, ty, tx, c)  = sum_i B^T[a, i] * W(b, i, n, ty, tx, c)         fixed a
 
-    each a sum of a few inputs of the tile with constant coefficients; the MatMul of
-    ``V`` (its tiles flattened) by the transformed weights then does the channels' sums
-    for every position at once, :func:`winograd_output` the rest."""
+    each statement a sum of a few terms with constant coefficients (zeros left out,
+    +-1 without a product), ``2 * alpha`` statements. The MatMul of ``V`` (positions
+    and tiles flattened) by the transformed weights then does the channels' sums for
+    every position at once, :func:`winograd_output` the rest."""
     x, v = node.inputs[0], node.outputs[0]
     check_nonempty(node, ctx, x, v)
     check_dtype(node, ctx, x, ("float32",))
@@ -368,40 +371,46 @@ def winograd_input(node: Node, ctx: LowerContext) -> Lowered:
         raise unsupported(node, f"input {list(xs)}, output extents {out}")
     m, TH, TW = _winograd_tiles(node, out)
     alpha, N, C = m + 2, xs[0], xs[3]
-    if tuple(vs) != (alpha * alpha, N, TH, TW, C):
+    if tuple(vs) != (alpha, alpha, N, TH, TW, C):
         raise unsupported(node, f"transformed input {list(vs)} is not "
-                                f"{[alpha * alpha, N, TH, TW, C]}")
+                                f"{[alpha, alpha, N, TH, TW, C]}")
     win = Window(node, xs[1:3], out, [3, 3])
     if win.strides != [1, 1] or win.dilations != [1, 1]:
         raise unsupported(node, f"Winograd needs unit strides and dilations, not "
                                 f"{win.strides} / {win.dilations}")
     BT, _, _ = winograd.matrices(m)
-    src = ctx.temp("xpad")
-    stmts = [_padded_copy(ctx, x, src, win, ["n"], ["ci"], channel_last=True,
-                          extent=[TH * m + 2, TW * m + 2])]
-
-    def tile_input(i: int, j: int) -> str:
-        return read(src, ["n", affine([(m, "ty")], i), affine([(m, "tx")], j), "c"])
-
+    src, w = ctx.temp("xpad"), ctx.temp("wino_w")
     tiles = [("n", 0, N), ("ty", 0, TH), ("tx", 0, TW), ("c", 0, C)]
+    w_idx = ["b", "i", "n", "ty", "tx", "c"]
+    stmts = [_padded_copy(ctx, x, src, win, ["n"], ["ci"], channel_last=True,
+                          extent=[TH * m + 2, TW * m + 2]),
+             # declares W's whole shape (dropped from the kernel): its statements each
+             # write one b
+             f"{lhs(w, w_idx)} = {literal(0.0, 'float32')}"
+             f"{where([('b', 0, alpha), ('i', 0, alpha)] + tiles)}"]
+    for b in range(alpha):
+        row = [read(src, ["n", affine([(m, "ty"), (1, "i")]), affine([(m, "tx")], j), "c"])
+               for j in range(alpha)]
+        stmts.append(f"{lhs(w, w_idx)} = {winograd.linear(BT[b], row)}"
+                     f"{where([('b', b, b + 1), ('i', 0, alpha)] + tiles)}")
     for a in range(alpha):
-        for b in range(alpha):
-            p = a * alpha + b
-            stmts.append(f"{lhs(ctx.name(v), ['p', 'n', 'ty', 'tx', 'c'])} = "
-                         f"{winograd.transform(BT, BT, a, b, tile_input)}"
-                         f"{where([('p', p, p + 1)] + tiles)}")
-    return Lowered(stmts)
+        col = [read(w, ["b", str(i), "n", "ty", "tx", "c"]) for i in range(alpha)]
+        stmts.append(f"{lhs(ctx.name(v), ['a', 'b', 'n', 'ty', 'tx', 'c'])} = "
+                     f"{winograd.linear(BT[a], col)}"
+                     f"{where([('a', a, a + 1), ('b', 0, alpha)] + tiles)}")
+    return Lowered(stmts, scaffold=(1,))
 
 
 @register(WINOGRAD_OUTPUT)
 def winograd_output(node: Node, ctx: LowerContext) -> Lowered:
     """polyc's own op (:mod:`.onnx_layout`): the output transform of a Winograd
-    convolution (see :func:`winograd_input`), from the products ``Mt(p, n, ty, tx, m)``
-    (the MatMul of the transformed input by the transformed weights) to NHWC output
-    ``Y``, plus the bias::
+    convolution (see :func:`winograd_input`), from the products ``Mt(a, b, n, ty, tx,
+    m)`` (the MatMul of the transformed input by the transformed weights) to NHWC
+    output ``Y``, plus the bias, in two passes of 1-D transforms::
 
-        O(n, ty, i, tx, j, m) = (A^T Mt A)[i, j]       one statement per (i, j)
-        Y(n, oh, ow, m)       = O(n, oh / m, oh % m, ow / m, ow % m, m) (+ B(m))
+        Z(i, b, n, ty, tx, m)  = sum_a A^T[i, a] * Mt(a, b, n, ty, tx, m)        fixed i
+        O(n, ty, i, tx, j, m)  = sum_b A^T[j, b] * Z(i, b, n, ty, tx, m)         fixed j
+        Y(n, oh, ow, m)        = O(n, oh / m, oh % m, ow / m, ow % m, m) (+ B(m))
 
     the copy-out is the pass the bias and the fused activation make anyway (``O`` has
     ``Y``'s layout where ``m`` divides the output's extents)."""
@@ -414,24 +423,25 @@ def winograd_output(node: Node, ctx: LowerContext) -> Lowered:
         raise unsupported(node, f"output {list(ys)}")
     m, TH, TW = _winograd_tiles(node, ys[1:3])
     alpha, N, M = m + 2, ys[0], ys[3]
-    if tuple(ms) != (alpha * alpha, N, TH, TW, M):
-        raise unsupported(node, f"products {list(ms)} are not {[alpha * alpha, N, TH, TW, M]}")
+    if tuple(ms) != (alpha, alpha, N, TH, TW, M):
+        raise unsupported(node, f"products {list(ms)} are not {[alpha, alpha, N, TH, TW, M]}")
     _, _, AT = winograd.matrices(m)
-    o = ctx.temp("wino_o")
-    o_idx = ["n", "ty", "i", "tx", "j", "m"]
+    z, o = ctx.temp("wino_z"), ctx.temp("wino_o")
     tiles = [("n", 0, N), ("ty", 0, TH), ("tx", 0, TW), ("m", 0, M)]
-    # O is written one position of the output tile at a time: a first statement
-    # (dropped from the kernel) declares its whole shape
-    stmts = [f"{lhs(o, o_idx)} = {literal(0.0, 'float32')}"
-             f"{where(tiles + [('i', 0, m), ('j', 0, m)])}"]
-
-    def product(a: int, bb: int) -> str:
-        return read(ctx.name(mt), [str(a * alpha + bb), "n", "ty", "tx", "m"])
-
+    z_idx, o_idx = ["i", "b", "n", "ty", "tx", "m"], ["n", "ty", "i", "tx", "j", "m"]
+    zero = literal(0.0, "float32")
+    # Z and O are written one row of a tile at a time: a first statement each (dropped
+    # from the kernel) declares the whole shape
+    stmts = [f"{lhs(z, z_idx)} = {zero}{where([('i', 0, m), ('b', 0, alpha)] + tiles)}",
+             f"{lhs(o, o_idx)} = {zero}{where([('i', 0, m), ('j', 0, m)] + tiles)}"]
     for i in range(m):
-        for j in range(m):
-            stmts.append(f"{lhs(o, o_idx)} = {winograd.transform(AT, AT, i, j, product)}"
-                         f"{where(tiles + [('i', i, i + 1), ('j', j, j + 1)])}")
+        col = [read(ctx.name(mt), [str(a), "b", "n", "ty", "tx", "m"]) for a in range(alpha)]
+        stmts.append(f"{lhs(z, z_idx)} = {winograd.linear(AT[i], col)}"
+                     f"{where([('i', i, i + 1), ('b', 0, alpha)] + tiles)}")
+    for j in range(m):
+        row = [read(z, ["i", str(bb), "n", "ty", "tx", "m"]) for bb in range(alpha)]
+        stmts.append(f"{lhs(o, o_idx)} = {winograd.linear(AT[j], row)}"
+                     f"{where([('i', 0, m), ('j', j, j + 1)] + tiles)}")
     oh, ow = "o0", "o1"
     value = read(o, ["n", f"{oh} / {m}", f"{oh} % {m}", f"{ow} / {m}", f"{ow} % {m}", "m"])
     if b:
@@ -439,7 +449,7 @@ def winograd_output(node: Node, ctx: LowerContext) -> Lowered:
     out_idx = ["n", oh, ow, "m"]
     stmts.append(f"{lhs(ctx.name(y), out_idx)} = {value}"
                  f"{where([(i, 0, d) for i, d in zip(out_idx, ys)])}")
-    return Lowered(stmts, scaffold=(0,))
+    return Lowered(stmts, scaffold=(0, 1))
 
 
 def _bias(ctx: LowerContext, y: str, ys: Sequence[int], b: str, out_idx: list[str]) -> str:

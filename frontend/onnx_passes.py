@@ -514,7 +514,7 @@ def eliminate_common_subexpressions(graph: Graph, stats: Counter | None = None) 
 
 def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
                    integer_dot: bool = False, byte_quads: bool = False,
-                   winograd: bool = False) -> Graph:
+                   winograd: bool | int = False) -> Graph:
     """A QDQ-quantized convolution -- ``DequantizeLinear`` of an int8/uint8 input and
     weight (and of an int32 bias whose scale is the input's times the weight's), a float
     Conv, maybe a Relu, then ``QuantizeLinear`` -- becomes one ``QLinearConv`` on the
@@ -1184,7 +1184,7 @@ def _prune_tensors(graph: Graph) -> Graph:
 
 def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
                    integer_dot: bool = False, byte_quads: bool = False,
-                   winograd: bool = False) -> Graph:
+                   winograd: bool | int = False) -> Graph:
     """Every pass, in a fixed order (see the module doc). The counts of what was done go
     into ``stats`` when given, and are returned by :func:`pass_stats` afterwards.
     ``integer_dot``: the target CPU has integer dot-product instructions (VNNI), so
@@ -1192,7 +1192,7 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
     than as exact float convolutions; ``byte_quads``: with 512-bit VNNI, in the layout of
     its outer-product micro-kernels (:func:`convs_as_dot_products`); ``winograd``: dense
     3x3 unit-stride float32 Convs run by Winograd's algorithm (:func:`.onnx_layout.
-    wants_winograd`)."""
+    wants_winograd`; True, or the output tile 2 or 4)."""
     c: Counter = Counter()
     before = len(graph.nodes)
     # before folding turns DequantizeLinear(W) into floats

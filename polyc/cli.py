@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-parallel", action="store_true", help="no OpenMP parallel loops")
     c.add_argument("--no-simd", action="store_true", help="no omp simd loops")
     c.add_argument("--no-winograd", action="store_true",
-                   help="(ONNX) direct 3x3 convolutions, not Winograd's F(2x2, 3x3)")
+                   help="(ONNX) direct 3x3 convolutions, not Winograd's F(m x m, 3x3)")
     c.add_argument("--sizes", default="",
                    help="specialise to sizes, e.g. M=128,N=64 (default: sizes are parameters)")
     c.add_argument("--schedule", help="a schedule (isl union map) to use instead of isl's")

@@ -324,7 +324,7 @@ def lower_onnx(model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
         options.register_tile is not False and machine.has_integer_dot()
     graph = optimize_graph(graph, integer_dot=integer_dot,
                            byte_quads=integer_dot and machine.has_vnni512(),
-                           winograd=options.winograd and options.target == "c")
+                           winograd=options.winograd if options.target == "c" else False)
     if progress:
         progress(f"optimized the graph: {len(graph.nodes)} nodes")
 

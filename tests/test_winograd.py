@@ -38,21 +38,22 @@ def test_transforms_compute_the_correlation(m):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_transform_expression_skips_zeros_and_unit_coefficients():
+def test_linear_skips_zeros_and_unit_coefficients():
     bt, _, _ = winograd.matrices(2)
-    text = winograd.transform(bt, bt, 0, 0, lambda i, j: f"d{i}{j}")
-    assert text == "((d00 - d02) - (d20 - d22))"
+    assert winograd.linear(bt[0], ["d0", "d1", "d2", "d3"]) == "(d0 - d2)"
     assert winograd.linear(np.array([0.0, 0.5, -2.0]), ["x", "y", "z"]) == \
         "(0.5 * y - 2.0 * z)"
+    assert winograd.linear(np.array([-1.0, 0.0]), ["x", "y"]) == "(-x)"
 
 
-def test_weights_are_transformed_per_position():
+@pytest.mark.parametrize("m", [2, 4])
+def test_weights_are_transformed_per_position(m):
     """``(M, C, 3, 3)`` -> ``(alpha * alpha, C, M)``: position ``a * alpha + b`` holds
     ``(G w G^T)[a, b]`` as a ``(C, M)`` matrix, the MatMul's right operand."""
     w = np.random.default_rng(0).standard_normal((96, 5, 3, 3)).astype(np.float32)
-    u = winograd_weights(w)
-    _, g, _ = winograd.matrices(winograd.TILE)
-    alpha = winograd.TILE + 2
+    u = winograd_weights(w, m)
+    _, g, _ = winograd.matrices(m)
+    alpha = m + 2
     assert u.shape == (alpha * alpha, 5, 96)
     for mm in (0, 40, 95):
         full = g @ w[mm, 3].astype(np.float64) @ g.T
@@ -110,16 +111,38 @@ SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("tile", [2, 4])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:5])) +
                          "p" + "".join(map(str, s[5])))
-def test_winograd_conv_matches_onnxruntime(shape, tmp_cache):
+def test_winograd_conv_matches_onnxruntime(shape, tile, tmp_cache):
+    """Each tile (4x4 tiles overhang a 7-wide output by 1, a 5-wide by 3), at 1 and
+    2 threads."""
     model = _conv(*shape, bias=shape[1] != 24, relu=shape[1] != 20)
-    assert _winograd(_kernels(model))
+    assert _winograd(_kernels(model, winograd=tile))
     x = np.random.default_rng(1).standard_normal(shape[:2] + shape[3:5]).astype(np.float32)
     want = onnxruntime_outputs(model, {"x": x})[0]
     for threads in (1, 2):
-        m = polyc.compile_onnx(model, options=polyc.Options(threads=threads, cache_dir=tmp_cache))
+        m = polyc.compile_onnx(model, options=polyc.Options(threads=threads, cache_dir=tmp_cache,
+                                                            winograd=tile))
         np.testing.assert_allclose(m.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_tile_choice():
+    """``F(4x4, 3x3)`` from :data:`winograd.WIDE` on, 2x2 below; forced tiles; an
+    unimplemented one refused (by :class:`polyc.Options` too)."""
+    assert winograd.tile_for(56, 56) == winograd.tile_for(14, 20) == 4
+    assert winograd.tile_for(7, 7) == winograd.tile_for(13, 56) == 2
+    assert winograd.tile_for(7, 7, 4) == 4 and winograd.tile_for(56, 56, 2) == 2
+    with pytest.raises(ValueError):
+        winograd.tile_for(56, 56, 3)
+    with pytest.raises(polyc.errors.CompileError):
+        polyc.Options(winograd=3)
+    for shape, positions in (((1, 16, 16, 14, 14, (1, 1, 1, 1)), 36),
+                             ((1, 16, 16, 7, 7, (1, 1, 1, 1)), 16)):
+        program = lower_onnx(_conv(*shape))
+        products = [a.shape for s in program.steps for a in s.kernel.arrays
+                    if a.name.endswith("_wino_m")]
+        assert products and all(p[0].value == positions for p in products)
 
 
 _SANITIZED_CHILD = """
