@@ -39,6 +39,19 @@ output channels (its NCHW vectors would be emptier: LeNet-5's second conv, 6 cha
 on 10 columns, took 17 us NCHW and 8 us channel-last, the whole model 1.24 -> 0.63 ms),
 or depthwise (one group per channel) over at least a vector of channels.
 
+With ``winograd`` (``Options.winograd``, the C target), a dense channel-last Conv that
+is 3x3, unit-stride, undilated and float32 (:func:`wants_winograd`) runs by Winograd's
+minimal filtering (:mod:`.winograd`) instead, as three nodes between the same
+transpositions::
+
+    V  = PolycWinogradInput(Xt)              (alpha, alpha, N, TH, TW, C) transformed tiles
+    Mt = MatMul(Reshape(V), U)               per tile position: (T, C) @ (C, M)
+    Yt = PolycWinogradOutput(Reshape(Mt), B) (lowered by onnx_ops_nn.winograd_output)
+
+``U`` the weights transformed here (:func:`winograd_weights`; in column blocks, a
+``PolycMatMulBlocked``, past 64 output channels); the output transform is the anchor
+the bias and the elementwise epilogue join.
+
 A strided 1x1 Conv left NCHW over at least :data:`FLAT_PIXELS` output pixels becomes a
 ``Slice`` with steps (the pixels it reads, one cheap copy of ``C*OH*OW`` elements) and
 a unit-stride 1x1 Conv, which runs as a matmul over the flattened pixels
@@ -124,8 +137,9 @@ def nhwc_weights(w: np.ndarray, kind: str) -> np.ndarray:
 def wants_winograd(node: Node, graph: Graph) -> bool:
     """Whether a dense channel-last Conv (:func:`wants_nhwc`) can run by Winograd's
     ``F(m x m, 3x3)`` (:mod:`.winograd`): float32, 3x3, unit-stride and undilated, over
-    at least a vector of input channels."""
-    if wants_nhwc(node, graph) != "dense":
+    at least a vector of input channels, and not a quantized convolution's exact
+    integer sums in float32 (``polyc_exact``: Winograd's transforms round)."""
+    if wants_nhwc(node, graph) != "dense" or node.attrs.get("polyc_exact"):
         return False
     weights = graph.constants[node.inputs[1]]
     if weights.dtype != np.float32 or weights.shape[2:] != (3, 3) or \

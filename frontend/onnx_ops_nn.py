@@ -12,7 +12,9 @@ ResNet-50's padded 3x3 layers. A strided Conv (NCHW) copies its padded input spl
 ``stride x stride`` phase planes instead, so its output row reads unit-stride
 (:func:`_phase_copy`); a 1x1 unit-stride Conv is a matmul over the flattened pixels
 (:func:`_conv_1x1_flat`); a Conv that :mod:`.onnx_layout` makes channel-last is polyc's
-own ``PolycConvNHWC`` (:func:`conv_nhwc`). Pools: the padded elements are the identity of the
+own ``PolycConvNHWC`` (:func:`conv_nhwc`), or, 3x3 and unit-stride, Winograd's
+``PolycWinogradInput`` / ``PolycWinogradOutput`` around a MatMul (:func:`winograd_input`,
+:func:`winograd_output`). Pools: the padded elements are the identity of the
 reduction (-inf for a max), so the read is left unguarded and the TC frontend restricts
 the iteration domain to the points that read inside the input (an unconditional read
 adds its bounds to the domain; the ``!`` initialisation still covers every output

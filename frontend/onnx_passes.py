@@ -612,7 +612,9 @@ def _exact_in_float(q: Node, graph: Graph, tensors: dict[str, TensorInfo],
         xf = fresh(f"{xq}_centred", "float32", shape)
         nodes.append(Node(f"{q.name}_centre", "Sub", (xc, zf), (xf,)))
     y = q.outputs[0]
-    conv_attrs = {k: v for k, v in q.attrs.items() if k != "polyc_relu"}
+    # polyc_exact: the sums must be exact (no Winograd: onnx_layout.wants_winograd)
+    conv_attrs = {**{k: v for k, v in q.attrs.items() if k != "polyc_relu"},
+                  "polyc_exact": 1}
     parts = []
     for i, (c0, c1) in enumerate(chunks):
         xi = xf

@@ -217,3 +217,18 @@ def test_cli_no_winograd(tmp_path):
             [sys.executable, "-m", "polyc", "compile", str(path), "--emit", "c", "-q", *flags],
             check=True, capture_output=True, text=True).stdout
     assert "wino_v" in sources[()] and "wino" not in sources[("--no-winograd",)]
+
+
+def test_quantized_convolutions_stay_exact():
+    """A QDQ model's convolutions computed exactly in float32 (no integer dot products)
+    are never Winograd's: its transforms round, the integer sums must not."""
+    import onnx_models as M
+    from polyc.frontend.onnx_import import load_graph
+    from polyc.frontend.onnx_passes import optimize_graph
+    model = M.small_cnn()
+    ops = [n.op_type for n in optimize_graph(load_graph(model), winograd=True).nodes]
+    assert "PolycWinogradInput" in ops  # the float model's 3x3 layer is
+    q = M.quantize_qdq(model, [M.input_feeds(model, seed=s) for s in (3, 4)])
+    ops = [n.op_type for n in
+           optimize_graph(load_graph(q), integer_dot=False, winograd=True).nodes]
+    assert "PolycWinogradInput" not in ops and "PolycConvNHWC" in ops

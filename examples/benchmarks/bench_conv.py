@@ -7,8 +7,10 @@ bias, then Relu, weights as initializers), compiled by polyc against onnxruntime
 Every distinct (C, M, H, kernel, stride) of ResNet-50 v1 (batch 1) is a layer; each is
 timed as in bench_onnx.py (a child process per thread count with OMP_NUM_THREADS and
 OMP_PROC_BIND=close, each side in its own blocks, medians of medians) and its output is
-checked against onnxruntime's beside the figure. The layout polyc chose (NCHW or
-channel-last, frontend/onnx_layout.py) is printed too.
+checked against onnxruntime's beside the figure. The layout polyc chose (NCHW,
+channel-last, or Winograd's F(m x m, 3x3) for the unit-stride 3x3 layers:
+frontend/onnx_layout.py) is printed too; GFLOP/s count the direct convolution's
+multiply-adds (for a Winograd layer, an effective rate).
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ def child(threads: int, repeat: int, rounds: int, names: list[str]) -> None:
 
     import polyc
     from polyc.frontend.onnx_import import load_graph
-    from polyc.frontend.onnx_layout import CONV_NHWC
+    from polyc.frontend.onnx_layout import CONV_NHWC, WINOGRAD_INPUT
     from polyc.frontend.onnx_passes import optimize_graph
 
     ratios = []
@@ -78,8 +80,9 @@ def child(threads: int, repeat: int, rounds: int, names: list[str]) -> None:
         x = np.random.default_rng(1).standard_normal(
             [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
         ).astype(np.float32)
-        layout = "NHWC" if any(n.op_type == CONV_NHWC for n in
-                               optimize_graph(load_graph(model)).nodes) else "NCHW"
+        ops = {n.op_type for n in optimize_graph(load_graph(model), winograd=True).nodes}
+        layout = "Winograd" if WINOGRAD_INPUT in ops else "NHWC" if CONV_NHWC in ops \
+            else "NCHW"
         compiled = polyc.compile_onnx(model, options=polyc.Options(threads=threads))
         sess = ort_session(model, threads)
         want = sess.run(None, {"x": x})[0]
