@@ -95,17 +95,25 @@ def typed_literal(value: float | int | bool, dtype: str) -> str:
     return f"{TC_TYPE[dtype]}({text})"
 
 
-def affine(terms: Sequence[tuple[int, str]], const: int = 0) -> str:
-    """``2*h + kh - 1`` from ``[(2, "h"), (1, "kh")]`` and ``-1`` (zero terms dropped)."""
+def signed_sum(terms, product=lambda c, v: f"{c}*{v}") -> str:
+    """``2*h - kh`` from ``[(2, "h"), (-1, "kh")]``: zero terms dropped, a coefficient
+    of +-1 written without a product, the others as ``product(|c|, term)``; "" for
+    no term."""
     out = ""
     for c, v in terms:
         if c == 0:
             continue
-        t = v if abs(c) == 1 else f"{abs(c)}*{v}"
+        t = v if abs(c) == 1 else product(abs(c), v)
         if not out:
             out = t if c > 0 else f"-{t}"
         else:
             out += f" + {t}" if c > 0 else f" - {t}"
+    return out
+
+
+def affine(terms: Sequence[tuple[int, str]], const: int = 0) -> str:
+    """``2*h + kh - 1`` from ``[(2, "h"), (1, "kh")]`` and ``-1`` (zero terms dropped)."""
+    out = signed_sum(terms)
     if not out:
         return str(const)
     if const > 0:

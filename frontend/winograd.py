@@ -95,20 +95,9 @@ def filter_transform(w: np.ndarray, m: int | None = None) -> np.ndarray:
     return u.astype(w.dtype)
 
 
-def _coefficient(v: float) -> str:
-    return repr(abs(float(v)))
-
-
 def linear(coefficients: np.ndarray, terms: list[str]) -> str:
     """``sum_k coefficients[k] * terms[k]`` as an expression, zero terms left out, +-1
     written without a product: ``(d0 - d2)``."""
-    out = ""
-    for c, t in zip(coefficients, terms):
-        if c == 0:
-            continue
-        body = t if abs(c) == 1 else f"{_coefficient(c)} * {t}"
-        if not out:
-            out = body if c > 0 else f"-{body}"
-        else:
-            out += f" + {body}" if c > 0 else f" - {body}"
+    from .onnx_ops_shape import signed_sum
+    out = signed_sum(zip(coefficients, terms), lambda c, t: f"{float(c)!r} * {t}")
     return f"({out})" if out else "0.0"
