@@ -5,8 +5,10 @@
       -> check      accesses stay in bounds
       -> deps       exact dataflow dependences (isl)
       -> schedule   isl's ILP scheduler under the fusion mode (or the user's schedule)
-      -> fuse       nests that read the same large arrays fused into one outer loop
+      -> align      nests whose dependences keep loops aligned fused along them
                     (C target; checked against the dependences at once)
+      -> fuse       nests that read the same large arrays fused into one outer loop
+                    (C target; checked likewise)
       -> optimize   band order, tiling, parallel and SIMD marks, register tiles
       -> legality   every dependence and every mark checked against the schedule
       -> storage    folded temporaries, temporaries sharing storage (checked again)
@@ -41,6 +43,7 @@ from .options import Options
 from .pack import pack_operands
 from .printer import show_kernel
 from .widen import widen_accumulators
+from .schedule.align import fuse_aligned
 from .schedule.fuse import fuse_streams
 from .schedule.optimize import optimize
 from .share import share_storage
@@ -174,7 +177,8 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     if options.target == "cuda":  # tiled and mapped by polyc.schedule.gpu_map instead
         check.check_schedule(kernel, deps, plain)
         return _folded(Scheduled(kernel, deps, plain))
-    plain = stage("fuse", _fused_streams(plain, kernel, deps, options))
+    plain = stage("align", _fused(fuse_aligned, plain, kernel, deps, options))
+    plain = stage("fuse", _fused(fuse_streams, plain, kernel, deps, options))
     sched = stage("optimize", optimize(plain, kernel, options))
     try:
         check.check_schedule(kernel, deps, sched)
@@ -191,11 +195,12 @@ def schedule_kernel(kernel: Kernel, options: Options, stage: _Stages | None = No
     return _folded(Scheduled(kernel, deps, sched))
 
 
-def _fused_streams(plain: isl.Schedule, kernel: Kernel, deps: Dependences,
-                   options: Options) -> isl.Schedule:
-    """isl's schedule with the nests that stream the same large arrays fused
-    (:mod:`polyc.schedule.fuse`), when that is legal; else isl's schedule."""
-    fused = fuse_streams(plain, kernel, deps, options)
+def _fused(fuse: Callable[..., isl.Schedule], plain: isl.Schedule, kernel: Kernel,
+           deps: Dependences, options: Options) -> isl.Schedule:
+    """``plain`` with nests fused by ``fuse`` (the nests that stream the same large
+    arrays, :mod:`polyc.schedule.fuse`; those aligned by their dependences,
+    :mod:`polyc.schedule.align`), when that is legal; else ``plain``."""
+    fused = fuse(plain, kernel, deps, options)
     if fused is plain:
         return plain
     try:

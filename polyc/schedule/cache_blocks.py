@@ -71,11 +71,13 @@ def reduction_depth(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel) ->
 
 
 def member_extent(node: isl.ScheduleNode, kernel: Kernel, member: int) -> int | None:
-    """Values the band member takes when it is one fixed-size iterator; else None."""
+    """Values the band member takes when it is one fixed-size iterator of each
+    statement, of the same extent in all; else None."""
     its = list(member_iterators(node, member).items())
-    if len(its) != 1 or its[0][1] is None:
+    if not its or any(it is None for _, it in its):
         return None
-    return register_tile.extent(kernel.statement(its[0][0]), kernel, its[0][1])
+    extents = {register_tile.extent(kernel.statement(name), kernel, it) for name, it in its}
+    return extents.pop() if len(extents) == 1 else None
 
 
 #: the share of the L2 the rows a streaming band reuses may take (:func:`streams`)
