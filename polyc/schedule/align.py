@@ -121,13 +121,17 @@ def _nests(filt: isl.ScheduleNode, owner: int, kernel: Kernel,
     f = filt.filter_get_filter()
     whole = [_Nest(f, owner)]
     band = filt.child(0)
-    if band.get_type() != isl.schedule_node_type.band:
+    kinds = (isl.schedule_node_type.sequence, isl.schedule_node_type.set)
+    if band.get_type() in kinds:  # nests of their own under one filter
+        below, outer = band, []
+    elif band.get_type() != isl.schedule_node_type.band:
         return whole
-    below = band.child(0)
-    if below.get_type() == isl.schedule_node_type.leaf:
-        return [_candidate(f, owner, _band_members(band), tiling.coincident_flags(band),
-                           band.band_get_permutable() or band.band_n_member() == 1, kernel)]
-    if below.get_type() != isl.schedule_node_type.sequence:
+    else:
+        below, outer = band.child(0), _band_members(band)
+        if below.get_type() == isl.schedule_node_type.leaf:
+            return [_candidate(f, owner, outer, tiling.coincident_flags(band),
+                               band.band_get_permutable() or len(outer) == 1, kernel)]
+    if below.get_type() not in kinds:
         return whole
     parts = []
     for k in range(below.n_children()):
@@ -140,7 +144,6 @@ def _nests(filt: isl.ScheduleNode, owner: int, kernel: Kernel,
         back = validity.intersect_domain(fj)
         if any(not back.intersect_range(fk).is_empty() for fk, _ in parts[:j]):
             return whole
-    outer = _band_members(band)
     out = []
     for fk, inner in parts:
         members = [m.intersect_domain(fk) for m in outer] + _band_members(inner)
@@ -207,7 +210,7 @@ def _zero(gap: isl.Set) -> isl.Set:
 
 def _coincident(f: isl.UnionPwAff, d: isl.UnionMap) -> bool:
     gap = _gaps(d, f, f)
-    return gap is None or gap.is_equal(_zero(gap))
+    return gap is None or gap.is_subset(_zero(gap))
 
 
 def _nonnegative(f: isl.UnionPwAff, d: isl.UnionMap) -> bool:
@@ -224,7 +227,7 @@ def _aligned_pairs(a: _Nest, b: _Nest, d: isl.UnionMap) -> set[tuple[int, int]]:
     for ma in a.free:
         for mb in b.free:
             gap = _gaps(d, a.members[ma], b.members[mb])
-            if gap is not None and gap.is_equal(_zero(gap)):
+            if gap is not None and gap.is_subset(_zero(gap)):
                 out.add((ma, mb))
     return out
 
