@@ -157,13 +157,13 @@ def mx(double(N) X, double(N) Y) -> (Z) {
 
 @pytest.mark.parametrize("reads,parallel", [(1, False), (3, True)])
 def test_parallel_threshold_weighs_the_reads(reads, parallel):
-    """200k instances: a copy stays sequential (below TINY_WORK), the same loop reading
+    """100k instances: a copy stays sequential (below TINY_WORK), the same loop reading
     three arrays is three times the work and runs on 2 threads (a 3x3 pool reads nine)."""
     from polyc.schedule.optimize import TINY_WORK
-    assert 200_704 < TINY_WORK <= 3 * 200_704
-    args = ", ".join(f"float(64,56,56) X{i}" for i in range(reads))
+    assert 100_352 < TINY_WORK <= 3 * 100_352
+    args = ", ".join(f"float(32,56,56) X{i}" for i in range(reads))
     value = " + ".join(f"X{i}(c,i,j)" for i in range(reads))
     op = polyc.define(f"def k({args}) -> (Y) {{\n  Y(c,i,j) = {value}\n}}", threads=2)
-    xs = [rand(64, 56, 56) for _ in range(reads)]
+    xs = [rand(32, 56, 56) for _ in range(reads)]
     np.testing.assert_allclose(op(*xs), sum(xs), rtol=1e-6)
     assert ("omp parallel" in op.c_source[op.c_source.rindex("int k("):]) is parallel
