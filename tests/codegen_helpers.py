@@ -79,3 +79,18 @@ def sequence_schedule(knl: ir.Kernel, marks: dict[tuple[str, int], list[str]] | 
                 node = node.insert_mark(isl.Id(m))
         node = node.parent().parent()
     return node.get_schedule()
+
+
+def fused_bands(schedule: isl.Schedule) -> list[int]:
+    """The number of statements under each band that has a sequence below it (a loop
+    that nests fused into it share: :mod:`polyc.schedule.fuse`, :mod:`polyc.schedule.align`)."""
+    found = []
+
+    def visit(node: isl.ScheduleNode) -> bool:
+        if node.get_type() == isl.schedule_node_type.band and node.n_children() \
+                and node.child(0).get_type() == isl.schedule_node_type.sequence:
+            found.append(node.get_domain().n_set())
+        return True
+
+    schedule.get_root().foreach_descendant_top_down(visit)
+    return found

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import re
 
-import islpy as isl
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import polyc
+from codegen_helpers import fused_bands
 from polyc.schedule import align
 
 #: two 1-D passes, each a statement per row of its matrix (as Winograd's transforms):
@@ -25,15 +25,17 @@ def twopass(float(R, T, C) D) -> (V) {
     V(a, b, t, c) = 0.0 where a in 0:2, b in 0:2, t in 0:T, c in 0:C
     W(b, i, t, c) = D(i, t, c) + D(i + 1, t, c) where b in 0:1, i in 0:3, t in 0:T, c in 0:C
     W(b, i, t, c) = D(i, t, c) - 2 * D(i + 1, t, c) where b in 1:2, i in 0:3, t in 0:T, c in 0:C
-    V(a, b, t, c) = W(b, 0, t, c) + W(b, 1, t, c) + W(b, 2, t, c) SHIFT where a in 0:1, b in 0:2, t in 0:TV, c in 0:C
-    V(a, b, t, c) = W(b, 0, t, c) - W(b, 2, t, c) where a in 1:2, b in 0:2, t in 0:TV, c in 0:C
+    V(a, b, t, c) = W(b, 0, t, c) + W(b, 1, t, c) + W(b, 2, t, c) SHIFT OVER(0:1)
+    V(a, b, t, c) = W(b, 0, t, c) - W(b, 2, t, c) OVER(1:2)
 }"""
 
 
 def _source(shifted: bool) -> str:
     """The two passes; ``shifted``: the first row of V also reads W at ``t + 1``."""
-    return TWO_PASS.replace("SHIFT", "+ W(b, 1, t + 1, c)" if shifted else "") \
-        .replace("TV", "T - 1" if shifted else "T")
+    rows = "T - 1" if shifted else "T"
+    over = re.sub(r"OVER\((\d:\d)\)", rf"where a in \1, b in 0:2, t in 0:{rows}, c in 0:C",
+                  TWO_PASS)
+    return over.replace("SHIFT", "+ W(b, 1, t + 1, c)" if shifted else "")
 
 
 def _reference(D: np.ndarray, shifted: bool) -> np.ndarray:
@@ -46,20 +48,6 @@ def _reference(D: np.ndarray, shifted: bool) -> np.ndarray:
         V[0, :, :-1] += W[:, 1, 1:]
         V[:, :, -1] = 0.0
     return V
-
-
-def _fused_bands(schedule: isl.Schedule) -> list[int]:
-    """The number of statements under each band that has a sequence below it."""
-    found = []
-
-    def visit(node: isl.ScheduleNode) -> bool:
-        if node.get_type() == isl.schedule_node_type.band and node.n_children() \
-                and node.child(0).get_type() == isl.schedule_node_type.sequence:
-            found.append(node.get_domain().n_set())
-        return True
-
-    schedule.get_root().foreach_descendant_top_down(visit)
-    return found
 
 
 @pytest.mark.parametrize("scheduler", ["isl", "pluto"])
@@ -85,7 +73,7 @@ def test_passes_fuse_where_aligned_and_only_there(monkeypatch):
     def fused(shifted: bool) -> list[int]:
         op = polyc.define(_source(shifted), options=polyc.Options(threads=1))
         op(D)
-        return _fused_bands(op.compiled_for(sizes).schedule)
+        return fused_bands(op.compiled_for(sizes).schedule)
 
     assert 4 in fused(False), "the four nests run per (t) in one band"
     assert not fused(True), "a read one t ahead aligns no loop: the nests stay apart"

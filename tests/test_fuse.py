@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import polyc
+from codegen_helpers import fused_bands
 from polyc.schedule import fuse, machine
 
 ATAX = """
@@ -43,20 +44,6 @@ def mvt(double(N) y1, double(N) y2, double(N,N) A) -> (x1, x2) {
 }"""
 
 
-def _fused_bands(schedule: isl.Schedule) -> list[int]:
-    """The number of statements under each band that has a sequence below it."""
-    found = []
-
-    def visit(node: isl.ScheduleNode) -> bool:
-        if node.get_type() == isl.schedule_node_type.band and node.n_children() \
-                and node.child(0).get_type() == isl.schedule_node_type.sequence:
-            found.append(node.get_domain().n_set())
-        return True
-
-    schedule.get_root().foreach_descendant_top_down(visit)
-    return found
-
-
 def _big(rows: int, itemsize: int) -> int:
     """Columns making ``rows`` rows larger than 3 L2s."""
     return 3 * machine.l2_bytes() // (rows * itemsize) + 7
@@ -76,7 +63,7 @@ def test_atax_fuses_its_two_sweeps_at_one_thread(src, dtype, scheduler):
         got = op(A, x)
         tol = 1e-10 if dtype == np.float64 else 2e-3
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
-        fused = _fused_bands(op.compiled_for({"M": m, "N": n}).schedule)
+        fused = fused_bands(op.compiled_for({"M": m, "N": n}).schedule)
         if threads == 1:
             assert fused, "the two sweeps over A share one outer loop"
         else:  # two threads over the separate sweeps read A faster than one fused
@@ -93,7 +80,7 @@ def test_shifted_nests_fuse_and_stay_correct(scheduler):
     got_t, got_c = op(A)
     np.testing.assert_allclose(got_t, T, rtol=1e-6)
     np.testing.assert_allclose(got_c, want_c, rtol=1e-5, atol=1e-5)
-    assert _fused_bands(op.compiled_for({"N": n, "M": m}).schedule)
+    assert fused_bands(op.compiled_for({"N": n, "M": m}).schedule)
 
 
 def _fused_along(schedule: isl.Schedule, iterator: str) -> bool:
@@ -132,7 +119,7 @@ def test_independent_sweeps_fuse_along_the_rows(scheduler):
     np.testing.assert_allclose(s, A.T @ r, rtol=1e-10, atol=1e-9)
     np.testing.assert_allclose(q, A @ p, rtol=1e-10, atol=1e-9)
     compiled = op.compiled_for({"N": n, "M": m})
-    assert _fused_bands(compiled.schedule)
+    assert fused_bands(compiled.schedule)
     assert _fused_along(compiled.schedule, "i")  # A's rows, not its columns
 
     k = 2 * machine.l2_bytes() // (8 * 200) + 200
@@ -143,7 +130,7 @@ def test_independent_sweeps_fuse_along_the_rows(scheduler):
     x1, x2 = op(y1, y2, A)
     np.testing.assert_allclose(x1, A @ y1, rtol=1e-10, atol=1e-9)
     np.testing.assert_allclose(x2, A.T @ y2, rtol=1e-10, atol=1e-9)
-    assert _fused_bands(op.compiled_for({"N": k}).schedule)
+    assert fused_bands(op.compiled_for({"N": k}).schedule)
 
 
 def test_small_arrays_are_not_fused():
@@ -152,7 +139,7 @@ def test_small_arrays_are_not_fused():
     x = np.random.default_rng(6).standard_normal(41)
     op = polyc.define(ATAX, options=polyc.Options(threads=1))
     np.testing.assert_allclose(op(A, x), A.T @ (A @ x), rtol=1e-10)
-    assert not _fused_bands(op.compiled_for({"M": 33, "N": 41}).schedule)
+    assert not fused_bands(op.compiled_for({"M": 33, "N": 41}).schedule)
 
 
 def test_min_fusion_keeps_the_nests_apart():
@@ -161,7 +148,7 @@ def test_min_fusion_keeps_the_nests_apart():
     x = np.random.default_rng(10).standard_normal(n)
     op = polyc.define(ATAX, options=polyc.Options(threads=1, fusion="min"))
     np.testing.assert_allclose(op(A, x), A.T @ (A @ x), rtol=1e-10, atol=1e-9)
-    assert not _fused_bands(op.compiled_for({"M": m, "N": n}).schedule)
+    assert not fused_bands(op.compiled_for({"M": m, "N": n}).schedule)
 
 
 def test_fused_rows_mark():
@@ -184,7 +171,7 @@ def test_fused_at_odd_small_sizes(tiny_l2, m, n, scheduler):
     np.testing.assert_allclose(s, A.T @ y1, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(q, A @ x, rtol=1e-10, atol=1e-10)
     if m * n * 8 > 256 and m > 1:
-        assert _fused_bands(atax.compiled_for({"M": m, "N": n}).schedule)
+        assert fused_bands(atax.compiled_for({"M": m, "N": n}).schedule)
 
 
 #: nests over one matrix: (statement, the vectors it reads {v} from, where its result
@@ -250,4 +237,4 @@ def test_cuda_target_keeps_the_nests_apart(tiny_l2, tmp_cache):
     op = polyc.define(ATAX, options=polyc.Options(target="cuda", emulate=True,
                                                   cache_dir=tmp_cache))
     np.testing.assert_allclose(np.asarray(op(A, x)), A.T @ (A @ x), rtol=1e-10, atol=1e-10)
-    assert not _fused_bands(op.compiled_for({"M": 27, "N": 40}).schedule)
+    assert not fused_bands(op.compiled_for({"M": 27, "N": 40}).schedule)

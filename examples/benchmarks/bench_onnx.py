@@ -16,7 +16,11 @@ times, and the medians of the medians compared (alternating single calls would l
 two spin-waiting thread pools starve each other on a 2-core machine). The outputs are
 checked against each other beside each figure, and each thread count ends with a
 summary line: the geometric mean of the latency ratios, how many models reach the goal
-(:data:`GOAL`, at most 0.9x onnxruntime's latency) and how many were correct.
+(:data:`GOAL`, at most 0.9x onnxruntime's latency) and how many were correct. On 2
+threads each line also gives the cross-core round trip measured before and after its
+blocks, and the thread count a line of all of them (:mod:`cores`: on a 2-vCPU guest
+the host moves the vCPUs apart for seconds at a time, and polyc's memory-bound kernels
+then run several times longer).
 
 The models (``examples/onnx_models.py``, random weights): an MLP (batch 4, and
 ``mlp_b64``: 784-512-512-10 on a batch of 64), LeNet-5 (batch 64), a small CNN, a small
@@ -132,7 +136,9 @@ def child(threads: int, repeat: int, models: list[str], rounds: int = 5) -> None
 
     import polyc
 
-    ratios, correct = [], []
+    import cores
+
+    ratios, correct, trips = [], [], []
     for name in models:
         model = _model(name)
         feeds = _feeds(model, seed=1)
@@ -149,15 +155,21 @@ def child(threads: int, repeat: int, models: list[str], rounds: int = 5) -> None
         ok = all(np.allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
                              rtol=0 if loose else 2e-3, atol=(3e-2 if loose else 1e-4) * scale)
                  for g, w in zip(got, want))
+        near = [cores.round_trip_ns()] if threads > 1 else []
         tp, to = _median_pair(lambda c=compiled, f=feeds: c.run(None, f),
                               lambda s=sess, f=feeds: s.run(None, f), repeat, rounds)
+        near += [cores.round_trip_ns()] if threads > 1 else []
+        trips += near
         print(f"{name:18s} threads={threads}  polyc {tp * 1e3:8.3f} ms  onnxruntime "
               f"{to * 1e3:8.3f} ms  latency ratio polyc/ort {tp / to:5.2f}  "
-              f"compile {compile_s:6.1f} s  correct={ok}", flush=True)
+              f"compile {compile_s:6.1f} s  correct={ok}"
+              + (f"  {cores.describe(near)}" if near else ""), flush=True)
         ratios.append(tp / to)
         correct.append(ok)
     summary(f"threads={threads}", "models", "latency ratio polyc/ort", ratios, correct,
             f"at most {GOAL}x onnxruntime's latency", lambda r: r <= GOAL)
+    if trips:  # (how far apart the host had the two vCPUs: see cores.py)
+        print(f"threads={threads}: {cores.describe(trips)}", flush=True)
 
 
 def summary(head: str, items: str, measure: str, ratios: list[float], correct: list[bool],

@@ -63,10 +63,9 @@ MAX_NESTS = 64
 
 @dataclass(frozen=True)
 class _Nest:
-    """A loop nest of the top sequence (or of a child's shared band, ``owner``: the
-    child's position): its filter, the members of its band and their coincidence
-    (None: not a candidate), a band node over them (for the stride scores) and the
-    members that may move out."""
+    """A loop nest of the top sequence, or one of those a child of it holds (``owner``:
+    the child's position): its filter, the members of its band (None: not a candidate)
+    and their coincidence, and the members that may move out."""
     filter: isl.UnionSet
     owner: int
     members: list[isl.UnionPwAff] | None = None
