@@ -127,6 +127,24 @@ def test_winograd_conv_matches_onnxruntime(shape, tile, tmp_cache):
         np.testing.assert_allclose(m.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[4]], ids=["9x12", "pads2"])
+def test_padded_copy_switch_gives_the_same_result(shape, tmp_cache, monkeypatch):
+    """The input transform reads X under guards by default; with a padded copy of it
+    (``onnx_ops_nn.WINOGRAD_PADDED_COPY``) the result is the same, pads of 2 included."""
+    from polyc.frontend import onnx_ops_nn
+    model = _conv(*shape)
+    x = np.random.default_rng(2).standard_normal(shape[:2] + shape[3:5]).astype(np.float32)
+    want = onnxruntime_outputs(model, {"x": x})[0]
+    got = []
+    for padded in (False, True):
+        monkeypatch.setattr(onnx_ops_nn, "WINOGRAD_PADDED_COPY", padded)
+        m = polyc.compile_onnx(model, options=polyc.Options(threads=2, cache_dir=tmp_cache,
+                                                            winograd=4))
+        got.append(m.run(None, {"x": x})[0])
+        np.testing.assert_allclose(got[-1], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[0], got[1], rtol=1e-6, atol=1e-6)
+
+
 def test_tile_choice():
     """``F(4x4, 3x3)`` from :data:`winograd.WIDE` on, 2x2 below; forced tiles; an
     unimplemented one refused (by :class:`polyc.Options` too)."""
