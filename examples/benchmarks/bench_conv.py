@@ -66,6 +66,7 @@ def conv_model(c: int, m: int, h: int, k: int, stride: int, pad: int):
 
 
 def child(threads: int, repeat: int, rounds: int, names: list[str]) -> None:
+    import cores
     import numpy as np
     from bench_onnx import _median_pair, ort_session
 
@@ -88,13 +89,13 @@ def child(threads: int, repeat: int, rounds: int, names: list[str]) -> None:
         want = sess.run(None, {"x": x})[0]
         got = compiled(x)[0]
         ok = bool(np.allclose(got, want, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(want).max())))
-        tp, to = _median_pair(lambda c=compiled, x=x: c(x),
-                              lambda s=sess, x=x: s.run(None, {"x": x}), repeat, rounds)
+        (tp, to), near = cores.probed(threads, lambda c=compiled, s=sess, x=x: _median_pair(
+            lambda: c(x), lambda: s.run(None, {"x": x}), repeat, rounds))
         ratios.append(tp / to)
         print(f"{name:20s} threads={threads} {layout}  polyc {tp * 1e3:7.3f} ms "
               f"({flops / tp / 1e9:5.1f} GFLOP/s)  onnxruntime {to * 1e3:7.3f} ms "
-              f"({flops / to / 1e9:5.1f})  ratio polyc/ort {tp / to:5.2f}  correct={ok}",
-              flush=True)
+              f"({flops / to / 1e9:5.1f})  ratio polyc/ort {tp / to:5.2f}  correct={ok}"
+              + (f"  {cores.describe(near)}" if near else ""), flush=True)
     geo = float(np.exp(np.mean(np.log(ratios))))
     print(f"threads={threads}: geometric mean of the latency ratios polyc/ort {geo:.2f} "
           f"over {len(ratios)} layers", flush=True)

@@ -155,10 +155,8 @@ def child(threads: int, repeat: int, models: list[str], rounds: int = 5) -> None
         ok = all(np.allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
                              rtol=0 if loose else 2e-3, atol=(3e-2 if loose else 1e-4) * scale)
                  for g, w in zip(got, want))
-        near = [cores.round_trip_ns()] if threads > 1 else []
-        tp, to = _median_pair(lambda c=compiled, f=feeds: c.run(None, f),
-                              lambda s=sess, f=feeds: s.run(None, f), repeat, rounds)
-        near += [cores.round_trip_ns()] if threads > 1 else []
+        (tp, to), near = cores.probed(threads, lambda c=compiled, s=sess, f=feeds: _median_pair(
+            lambda: c.run(None, f), lambda: s.run(None, f), repeat, rounds))
         trips += near
         print(f"{name:18s} threads={threads}  polyc {tp * 1e3:8.3f} ms  onnxruntime "
               f"{to * 1e3:8.3f} ms  latency ratio polyc/ort {tp / to:5.2f}  "

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: round trips above this many nanoseconds: the two CPUs are far apart
 FAR_NS = 200.0
@@ -104,6 +108,14 @@ def round_trip_ns(trips: int = 20000) -> float | None:
         _LIB.polyc_round_trip_ns.argtypes = [ctypes.c_long]
     ns = _LIB.polyc_round_trip_ns(trips)
     return ns if ns > 0 else None
+
+
+def probed(threads: int, measure: Callable[[], T]) -> tuple[T, list[float | None]]:
+    """``measure()`` and, with ``threads > 1``, the round trips probed just before and
+    after it (else no samples)."""
+    before = [round_trip_ns()] if threads > 1 else []
+    result = measure()
+    return result, before + ([round_trip_ns()] if threads > 1 else [])
 
 
 def describe(samples: list[float | None]) -> str:
