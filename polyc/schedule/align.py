@@ -5,7 +5,8 @@ passes of a Winograd transform (:mod:`polyc.frontend.winograd`) are the case in 
 each 1-D pass is one nest per row of the transform matrix, ``W(b, i, ty, tx, c)`` over
 ``(i, ty, tx, c)`` and then ``V(a, b, ty, tx, c)`` over ``(b, ty, tx, c)``, twelve nests
 in sequence, each streaming its whole array (1.8 MB for a 56x56x64 layer) through
-memory before the next begins, and each under the work of a parallel loop. Every
+memory before the next begins, and each below the work a parallel loop takes
+(``optimize.TINY_WORK``), so that all ran on one thread. Every
 dependence between them joins instances of one tile ``(ty, tx)`` and channel ``c``::
 
     sequence                            band (ty, tx)        <- permutable, parallel
@@ -20,27 +21,29 @@ and the threads share the tiles.
 **Which nests.** The children of the top sequence whose statements are plain
 assignments (no reduction and no initialisation: register tiles and their first-visit
 initialisations keep their own nests) and whose band is permutable and the whole nest.
-A child that is a band over a sequence of such nests (isl ran the last five nests of a
-transform in one loop over ``b``) counts as those nests, each under the shared band's
-members and its own, where no dependence goes from a later of them to an earlier one
-(distributing the loop then keeps every dependence) and where they all join one fused
-component. Of each nest the coincident members may move out, except its vector loop
-(the member of best stride-1 score, :mod:`.vector`), which stays innermost in every
-nest.
+A child that is a band, a set or a sequence over such nests (isl sets independent
+nests side by side, or runs them in one shared loop) counts as those nests, each under
+the shared band's members and its own, where no dependence goes from a later of them to
+an earlier one (distributing the shared loop then keeps every dependence) and where they
+all join one fused component. Of each nest the coincident members may move out,
+except its vector loop (the member of best stride-1 score, :mod:`.vector`), which
+stays innermost in every nest.
 
 **Which members.** Two members, of two nests a dependence joins, are aligned when every
-such dependence has distance zero between them (``{ f_b(sink) - f_a(source) } = {0}``).
+such dependence has distance zero between them (``{ f_b(sink) - f_a(source) }`` within
+``{0}``, for all sizes).
 Nests joined by aligned members form a component; a component whose nests are
 consecutive in the sequence fuses along its classes of aligned members (found along a
 spanning tree of its dependences, then checked on every dependence between its nests),
 when at least one class is left and a nest passes a value to another (a flow
 dependence: what the fusion keeps in cache).
 
-**Why it is legal.** The fused members had nonnegative distances within each nest (a
-permutable band) and distance zero between nests, so the new band is permutable and
-coincident; every dependence between nests stays within one fused iteration, where the
-sequence keeps the program order. :func:`polyc.check.check_schedule` verifies the
-result all the same, as for every schedule.
+**Why it is legal.** The fused members are coincident within each nest and at
+distance zero between nests, so the new band is permutable and coincident, and what
+stays of each nest's band is permutable still; every dependence between nests stays
+within one fused iteration, where the sequence keeps the program order.
+:func:`polyc.check.check_schedule` verifies the result all the same, as for every
+schedule.
 """
 from __future__ import annotations
 
