@@ -42,8 +42,10 @@ def inline_pointwise(kernel: Kernel) -> Kernel:
 
     A kernel whose statements share loops (``kernel.order``: a recurrence, where a
     statement reads what a later one wrote at an earlier step) is left as it is: the
-    rules here reason about statements that run one after another."""
-    if kernel.order:
+    rules here reason about statements that run one after another. An order that gives
+    each statement a loop nest of its own (an op that dropped its scaffold statements:
+    Winograd's transforms) is no such kernel."""
+    if _shares_loops(kernel):
         return kernel
     while True:
         found = _find(kernel)
@@ -78,6 +80,13 @@ def _find(kernel: Kernel) -> tuple[int, int] | None:
             continue
         return i, j
     return None
+
+
+def _shares_loops(kernel: Kernel) -> bool:
+    """Whether two statements of ``kernel`` start at one position of its order (run in
+    one outer loop)."""
+    firsts = [beta[0] for _, beta in kernel.order]
+    return len(set(firsts)) != len(firsts)
 
 
 def _read_arrays(s: Statement) -> set[str]:
