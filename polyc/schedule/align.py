@@ -149,10 +149,9 @@ def _nests(filt: isl.ScheduleNode, owner: int, kernel: Kernel,
     out = []
     for fk, inner in parts:
         members = [m.intersect_domain(fk) for m in outer] + _band_members(inner)
-        flags = tuple(_coincident(m, validity.intersect_domain(fk).intersect_range(fk))
-                      for m in members)
-        permutable = all(_nonnegative(m, validity.intersect_domain(fk).intersect_range(fk))
-                         for m in members)
+        own = validity.intersect_domain(fk).intersect_range(fk)
+        flags = tuple(_coincident(m, own) for m in members)
+        permutable = all(_nonnegative(m, own) for m in members)
         out.append(_candidate(fk, owner, members, flags, permutable, kernel))
     return out
 
@@ -182,20 +181,18 @@ def _candidate(f: isl.UnionSet, owner: int, members: list[isl.UnionPwAff],
 def _band_node(f: isl.UnionSet, members: list[isl.UnionPwAff],
                coincident) -> isl.ScheduleNode:
     """A permutable band over ``members`` on the domain ``f`` (a tree of its own)."""
-    node = isl.Schedule.from_domain(f).get_root().child(0)
-    node = node.insert_partial_schedule(_multi(members)).band_set_permutable(1)
+    return _insert_band(isl.Schedule.from_domain(f).get_root().child(0), members, coincident)
+
+
+def _insert_band(node: isl.ScheduleNode, members: list[isl.UnionPwAff],
+                 coincident) -> isl.ScheduleNode:
+    """A permutable band over ``members`` inserted at ``node``, with these coincidence
+    flags; returns the band."""
+    node = node.insert_partial_schedule(tiling.multi_union_pw_aff(members))
+    node = node.band_set_permutable(1)
     for m, c in enumerate(coincident):
         node = node.band_member_set_coincident(m, int(c))
     return node
-
-
-def _multi(members: list[isl.UnionPwAff]) -> isl.MultiUnionPwAff:
-    ctx = members[0].get_ctx()
-    lst = isl.UnionPwAffList.alloc(ctx, len(members))
-    for f in members:
-        lst = lst.add(f)
-    space = members[0].get_space().set_from_params().add_dims(isl.dim_type.set, len(members))
-    return isl.MultiUnionPwAff.from_union_pw_aff_list(space, lst)
 
 
 def _gaps(d: isl.UnionMap, fa: isl.UnionPwAff, fb: isl.UnionPwAff) -> isl.Set | None:
@@ -337,9 +334,7 @@ def _rebuild(schedule: isl.Schedule, nests: list[_Nest],
                 g = nests[k].members[m]
                 f = g if f is None else f.union_add(g)
             outer.append(f)
-        node = node.insert_partial_schedule(_multi(outer)).band_set_permutable(1)
-        for c in range(len(outer)):
-            node = node.band_member_set_coincident(c, 1)
+        node = _insert_band(node, outer, [True] * len(outer))
         seq = isl.UnionSetList.alloc(ctx, len(comp))
         for k in comp:
             seq = seq.add(nests[k].filter)
@@ -348,11 +343,8 @@ def _rebuild(schedule: isl.Schedule, nests: list[_Nest],
             nest = nests[k]
             rest = [m for m in range(len(nest.members)) if m not in moved]
             if rest:
-                leaf = node.child(j).child(0)
-                band = leaf.insert_partial_schedule(_multi([nest.members[m] for m in rest]))
-                band = band.band_set_permutable(1)
-                for r, m in enumerate(rest):
-                    band = band.band_member_set_coincident(r, int(nest.coincident[m]))
+                band = _insert_band(node.child(j).child(0), [nest.members[m] for m in rest],
+                                    [nest.coincident[m] for m in rest])
                 node = band.parent().parent()
         top = node.parent().parent().parent()
     return top.get_schedule()

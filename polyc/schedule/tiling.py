@@ -41,6 +41,13 @@ def permute_band(node: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:
     return node
 
 
+def multi_union_pw_aff(upas: list[isl.UnionPwAff]) -> isl.MultiUnionPwAff:
+    """The members ``upas`` as one partial schedule (an unnamed set space of their
+    number of dimensions), for a band inserted anew."""
+    space = upas[0].get_space().set_from_params().add_dims(isl.dim_type.set, len(upas))
+    return isl.MultiUnionPwAff.from_union_pw_aff_list(space, _upa_list(upas))
+
+
 def _upa_list(upas: list[isl.UnionPwAff]) -> isl.UnionPwAffList:
     lst = isl.UnionPwAffList.alloc(upas[0].get_ctx(), len(upas))
     for u in upas:
