@@ -33,11 +33,15 @@ layers those copies cost more than the convolutions.
 
 The rule: a 2-D Conv with constant weights of the input's float type, either dense with
 output channels that block (:func:`channel_block`) and at least a vector of input
-channels (:data:`CHANNEL_MULTIPLE`; a stem Conv over 3 channels on a wide image stays
-NCHW) or a kernel larger than 1x1 on an output narrower than a vector and than its
+channels (:data:`CHANNEL_MULTIPLE`) or a kernel larger than 1x1 on an output narrower than a vector and than its
 output channels (its NCHW vectors would be emptier: LeNet-5's second conv, 6 channels
 on 10 columns, took 17 us NCHW and 8 us channel-last, the whole model 1.24 -> 0.63 ms),
-or depthwise (one group per channel) over at least a vector of channels.
+or depthwise (one group per channel) over at least a vector of channels. A stem -- a
+kernel past 1x1 over fewer input channels, at least a vector of output channels that
+block -- runs channel-last too, but reads the graph's NCHW input in place
+(``PolycConvNHWC`` with ``polyc_input_layout="nchw"``, no transposition before it): its
+output needs no transposition to the channel-last layers after it (ResNet-18 at 1 thread,
+same process, 20.5 -> 19.6 ms; ResNet-50 64.2 -> 63.4 ms).
 
 With ``winograd`` (``Options.winograd``, the C target), a dense channel-last Conv that
 is 3x3, unit-stride, undilated and float32 (:func:`wants_winograd`) runs by Winograd's
@@ -75,6 +79,13 @@ FLAT_PIXELS = 128
 CHANNEL_MULTIPLE = 16
 
 
+#: a stem Conv (a few input channels, say RGB) runs channel-last reading its NCHW input
+#: in place (``polyc_input_layout="nchw"``): an NHWC input would be a transposition and
+#: a padded copy with an inner loop of 3 channels (MobileNetV2 at 1 thread: 7.24 -> 7.48
+#: ms), an NCHW stem a transposition of its output to the next channel-last Conv
+STEM_NCHW_INPUT = True
+
+
 #: polyc's own op: a 2-D Conv over NHWC input giving NHWC output (weights blocked
 #: ``(M/MB, KH, KW, C, MB)``, or ``(KH, KW, C)`` for a depthwise one); lowered by
 #: :func:`.onnx_ops_nn.conv_nhwc`
@@ -97,14 +108,15 @@ TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 
 
 def wants_nhwc(node: Node, graph: Graph) -> str | None:
-    """``"dense"`` or ``"depthwise"`` when the Conv ``node`` runs channel-last between
-    channel-last activations (see the module doc), else None: a 2-D Conv with constant
-    weights of the input's float type, either group 1 with at least a vector of input
-    channels (:data:`CHANNEL_MULTIPLE`; a stem over 3 channels stays NCHW) and output
-    channels that block (:func:`channel_block`) -- or, with fewer, a kernel past 1x1
-    over an output narrower than a vector and than its output channels --, or one
-    group per channel (depthwise, a channel multiplier of 1) over at least a vector of
-    channels."""
+    """``"dense"``, ``"stem"`` or ``"depthwise"`` when the Conv ``node`` runs
+    channel-last between channel-last activations (see the module doc), else None: a
+    2-D Conv with constant weights of the input's float type, either group 1 with at
+    least a vector of input channels (:data:`CHANNEL_MULTIPLE`) and output channels that
+    block (:func:`channel_block`) -- or, with fewer, a kernel past 1x1 over an output
+    narrower than a vector and than its output channels --, or a stem (``"stem"``: fewer
+    input channels, a kernel past 1x1, at least a vector of output channels that block;
+    it reads its NCHW input in place, :data:`STEM_NCHW_INPUT`), or one group per channel
+    (depthwise, a channel multiplier of 1) over at least a vector of channels."""
     if node.op_type != "Conv" or len(node.inputs) < 2:
         return None
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
@@ -122,16 +134,19 @@ def wants_nhwc(node: Node, graph: Graph) -> str | None:
     narrow = ow < CHANNEL_MULTIPLE and ow < m and weights[0, 0].size > 1
     if group == 1 and (cg >= CHANNEL_MULTIPLE or narrow) and channel_block(m) is not None:
         return "dense"
+    if STEM_NCHW_INPUT and group == 1 and m >= CHANNEL_MULTIPLE and \
+            channel_block(m) is not None and weights[0, 0].size > 1:
+        return "stem"
     if group == c == m and cg == 1 and m >= CHANNEL_MULTIPLE:
         return "depthwise"
     return None
 
 
 def nhwc_weights(w: np.ndarray, kind: str) -> np.ndarray:
-    """The weights of a channel-last Conv: :func:`blocked_weights` for a dense one,
+    """The weights of a channel-last Conv: :func:`blocked_weights` for a dense one (a stem's too),
     ``(KH, KW, C)`` for a depthwise one (``(C, 1, KH, KW)``: the channel innermost, the
     vector loop's)."""
-    return blocked_weights(w) if kind == "dense" else w[:, 0].transpose(1, 2, 0)
+    return w[:, 0].transpose(1, 2, 0) if kind == "depthwise" else blocked_weights(w)
 
 
 def wants_winograd(node: Node, graph: Graph) -> bool:
@@ -353,17 +368,24 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None,
         kind = wants_nhwc(n, graph)
         if kind is not None:
             x, y = n.inputs[0], n.outputs[0]
-            xt = transposed_tensor(x, TO_NHWC, f"{x}_nhwc")
             yt = transposed_tensor(y, TO_NHWC, f"{y}_nhwc")
-            nodes.append(Node(node_name(f"{n.name}_to_nhwc"), "Transpose", (x,), (xt,),
-                              {"perm": list(TO_NHWC)}))
-            if winograd is not False and wants_winograd(n, graph):
-                nodes.extend(winograd_nodes(n, xt, yt))
-                stats["conv_winograd"] += 1
+            w = None if kind != "stem" and winograd is not False and wants_winograd(n, graph) \
+                else copy(n.inputs[1], kind, lambda v, k=kind: nhwc_weights(v, k))
+            if kind == "stem":  # its NCHW input read in place
+                nodes.append(dataclasses.replace(
+                    n, op_type=CONV_NHWC, inputs=(x, w) + n.inputs[2:], outputs=(yt,),
+                    attrs={**n.attrs, "polyc_input_layout": "nchw"}))
+                stats["conv_stem_channels_last"] += 1
             else:
-                w = copy(n.inputs[1], kind, lambda v, k=kind: nhwc_weights(v, k))
-                nodes.append(dataclasses.replace(n, op_type=CONV_NHWC,
-                                                 inputs=(xt, w) + n.inputs[2:], outputs=(yt,)))
+                xt = transposed_tensor(x, TO_NHWC, f"{x}_nhwc")
+                nodes.append(Node(node_name(f"{n.name}_to_nhwc"), "Transpose", (x,), (xt,),
+                                  {"perm": list(TO_NHWC)}))
+                if w is None:
+                    nodes.extend(winograd_nodes(n, xt, yt))
+                    stats["conv_winograd"] += 1
+                else:
+                    nodes.append(dataclasses.replace(n, op_type=CONV_NHWC,
+                                                     inputs=(xt, w) + n.inputs[2:], outputs=(yt,)))
             n = Node(node_name(f"{n.name}_to_nchw"), "Transpose", (yt,), (y,),
                      {"perm": list(TO_NCHW)})
             stats["conv_channels_last"] += 1

@@ -295,8 +295,11 @@ def conv_nhwc(node: Node, ctx: LowerContext) -> Lowered:
     check_dtype(node, ctx, x, FLOATS)
     xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
     depthwise = len(ws) == 3
-    if len(xs) != 4 or len(ys) != 4 or len(ws) not in (3, 5):
+    nchw_in = node.attr("polyc_input_layout", "nhwc") == "nchw"
+    if len(xs) != 4 or len(ys) != 4 or len(ws) not in (3, 5) or (nchw_in and depthwise):
         raise unsupported(node, f"channel-last input {list(xs)}, weights {list(ws)}")
+    if nchw_in:  # a stem over few channels: its NCHW input read in place (module doc)
+        xs = (xs[0], xs[2], xs[3], xs[1])
     KH, KW = (ws[0], ws[1]) if depthwise else (ws[1], ws[2])
     C, M = xs[3], ys[3]
     if (depthwise and (ws[2] != C or M != C)) or \
@@ -320,14 +323,16 @@ def conv_nhwc(node: Node, ctx: LowerContext) -> Lowered:
         return Lowered([conv] + ([_bias(ctx, ctx.name(y), ys, b, out_idx)] if b else []))
     if any(win.begin + win.end) or any(win.max_index(d) > xs[d + 1] - 1 for d in range(2)):
         src = ctx.temp("xpad")
-        copy_in = [_padded_copy(ctx, x, src, win, ["n"], ["ci"], channel_last=True)]
+        copy_in = [_padded_copy(ctx, x, src, win, ["n", "ci"] if nchw_in else ["n"],
+                                [] if nchw_in else ["ci"], channel_last=not nchw_in)]
         at = [affine([(win.strides[d], o[d]), (win.dilations[d], r[d])]) for d in range(2)]
     else:
         copy_in = []
         at = [win.index(d, o[d], r[d]) for d in range(2)]
     NB, MB = ws[0], ws[4]
     yt = ctx.temp("yt")
-    conv = f"{lhs(yt, ['n'] + o + ['mb', 'mi'])} +=! {read(src, ['n'] + at + ['c'])} * " \
+    x_idx = ["n", "c"] + at if nchw_in else ["n"] + at + ["c"]
+    conv = f"{lhs(yt, ['n'] + o + ['mb', 'mi'])} +=! {read(src, x_idx)} * " \
         f"{read(ctx.name(w), ['mb'] + r + ['c', 'mi'])}" \
         f"{where(spatial + [('mb', 0, NB), ('mi', 0, MB)] + taps + [('c', 0, C)])}"
     value = read(yt, ["n"] + o + [f"m / {MB}", f"m % {MB}"])

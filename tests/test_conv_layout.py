@@ -132,11 +132,56 @@ def test_strided_pointwise_conv_subsamples_then_runs_flat(shape, residual, tmp_c
 
 
 def test_few_channel_convs_stay_nchw():
-    """Fewer input channels than a vector on an output at least a vector wide (a stem),
-    a 1x1 one, or output channels no block fits."""
-    for shape in [(3, 32, 40, 40, 3, 2, 1), (8, 32, 9, 9, 1, 1, 0), (16, 1000, 3, 3, 1, 1, 0)]:
+    """Fewer input channels than a vector in a 1x1 conv or on fewer output channels
+    than a vector, or output channels no block fits."""
+    for shape in [(8, 32, 9, 9, 1, 1, 0), (3, 8, 40, 40, 3, 2, 1), (16, 1000, 3, 3, 1, 1, 0)]:
         program = lower_onnx(_conv_model(*shape, residual=False))
         assert not any(a.name == "v_yt" for s in program.steps for a in s.kernel.arrays), shape
+
+
+def _stem_model(attrs: dict, m: int = 24, then_conv: bool = True) -> onnx.ModelProto:
+    """Conv over 3 channels (a stem) -> Clip -> (a 3x3 Conv over its ``m`` channels)."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((m, 3, 7, 5)) * 0.2).astype(np.float32)
+    w2 = (rng.standard_normal((16, m, 3, 3)) * 0.2).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], **attrs),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["r" if then_conv else "y"])]
+    if then_conv:
+        nodes.append(helper.make_node("Conv", ["r", "W2"], ["y"], pads=[1] * 4))
+    g = helper.make_graph(nodes, "stem",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 37, 41])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(w2, "W2"),
+                           numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "B"),
+                           numpy_helper.from_array(np.float32(0), "lo"),
+                           numpy_helper.from_array(np.float32(6), "hi")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+STEM_ATTRS = [dict(strides=[2, 2], pads=[3, 3, 3, 3]),
+              dict(strides=[3, 2], pads=[1, 2, 0, 1], dilations=[2, 2]),
+              dict(strides=[1, 2], pads=[0, 1, 2, 0])]
+
+
+@pytest.mark.parametrize("then_conv", [True, False])
+@pytest.mark.parametrize("attrs", STEM_ATTRS)
+def test_stem_runs_channel_last_from_its_nchw_input(attrs, then_conv, tmp_cache):
+    """A stem (3 input channels, a vector of output channels that block) runs
+    channel-last reading the caller's NCHW input in place: no transposition of the
+    input, and none between it and the channel-last conv after it."""
+    model = _stem_model(attrs, then_conv=then_conv)
+    program = lower_onnx(model, options=polyc.Options(winograd=False))
+    stem = program.steps[0]
+    assert any(a.name == "v_yt" for a in stem.kernel.arrays)
+    bound = dict(zip(stem.args, stem.kernel.inputs + stem.kernel.outputs))
+    assert [d.value for d in stem.kernel.array(bound["x"]).shape] == [2, 3, 37, 41]
+    convs = [s for s in program.steps if any(a.name == "v_yt" for a in s.kernel.arrays)]
+    assert len(program.steps) == len(convs) + 1  # and the graph output's transposition
+    assert program.steps[-1].args[-1] == "y" and program.steps[-1] not in convs
+    _check_against_onnxruntime(model, tmp_cache, winograd=False)
+    _check_against_onnxruntime(model, tmp_cache)
 
 
 def test_layout_pass_transposes_the_weights_once():
@@ -320,14 +365,13 @@ def test_gemm_with_constant_transposed_b_is_stored_transposed(batch, tmp_cache):
     np.testing.assert_allclose(got[0], onnxruntime_outputs(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("attrs", [dict(strides=[2, 2], pads=[3, 3, 3, 3]),
-                                   dict(strides=[3, 2], pads=[1, 2, 0, 1], dilations=[2, 2]),
-                                   dict(strides=[1, 2], pads=[0, 1, 2, 0])])
+@pytest.mark.parametrize("attrs", STEM_ATTRS)
 def test_strided_conv_reads_phase_planes(attrs, tmp_cache):
-    """A strided conv that stays NCHW (few input channels: the stem) splits its padded
-    input into stride x stride phase planes: unit-stride reads along the output row."""
+    """A strided conv that stays NCHW (few input channels, fewer output channels than a
+    vector) splits its padded input into stride x stride phase planes: unit-stride
+    reads along the output row."""
     rng = np.random.default_rng(5)
-    w = (rng.standard_normal((24, 3, 7, 5)) * 0.2).astype(np.float32)
+    w = (rng.standard_normal((8, 3, 7, 5)) * 0.2).astype(np.float32)
     node = helper.make_node("Conv", ["x", "W"], ["y"], **attrs)
     g = helper.make_graph([node], "stem",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 37, 41])],

@@ -166,6 +166,11 @@ class Plan:
         return sizes
 
 
+#: a register tile's rows are the candidate member the write's innermost index walks
+#: (see :func:`plan`), not just the band's last
+ROWS_ALONG_WRITE = True
+
+
 def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | None) -> Plan | None:
     """Whether (and how) to register-tile the permutable band ``node`` (see the module doc)."""
     if vec is None or options.register_tile is False:
@@ -206,7 +211,11 @@ def plan(node: isl.ScheduleNode, kernel: Kernel, options: Options, vec: int | No
         [i for i in rows if not all(indexes(i, r) for r in vector_reads)] or rows
     if not candidates:
         return None
-    u = candidates[-1]
+    # of those, the one the write's innermost index walks (its rows then write runs of
+    # the tile's columns: a stem over an NCHW input, band [ow, oh], wrote 14 output rows
+    # one pixel each); on a tie, the last in the band
+    u = max(candidates, key=lambda i: (ROWS_ALONG_WRITE and
+                                       max(d for d, x in enumerate(uses) if its[i] in x), i))
     shape = machine_shape(kernel.array(write.array).dtype, options)
     if shape is None:
         return None
