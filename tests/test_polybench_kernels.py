@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "examples", "benchmarks"))
-from polybench_kernels import BENCHES, jacobi_tc  # noqa: E402
+from polybench_kernels import BENCHES, as_float32, jacobi_tc  # noqa: E402
 
 import polyc  # noqa: E402
 
@@ -65,3 +65,27 @@ def test_triangular_domain_is_the_triangle():
 def test_jacobi_steps_unrolled():
     src = jacobi_tc(3)
     assert src.count("0.2 *") == 6 and "-> (A, B)" in src
+
+
+@pytest.mark.parametrize("b", BENCHES, ids=[b.name for b in BENCHES])
+def test_float32_kernels_match_numpy(b, tmp_path):
+    """``bench_polybench.py --dtype float32``: the TC and the naive C in single
+    precision against numpy's double result rounded to float32."""
+    from bench_polybench import build_naive
+    import ctypes
+    b32 = as_float32(b)
+    inputs = _inputs(b32)
+    assert all(x.dtype == np.float32 for x in inputs)
+    want = b32.numpy(*inputs)
+    got = polyc.define(b32.tc, threads=2)(*inputs)
+    got = got if isinstance(got, tuple) else (got,)
+    for g, w in zip(got, want):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    dll = build_naive(b32, b32.tiny, str(tmp_path))
+    assert "double" not in open(tmp_path / f"{b.name}.c").read()
+    bufs = [inputs[i] if kind == "in" else inputs[i].copy() if kind == "copy"
+            else np.zeros_like(want[i]) for kind, i in b32.c_bind]
+    dll.kernel((ctypes.c_void_p * len(bufs))(*[a.ctypes.data for a in bufs]))
+    for k, w in zip(b32.c_outs, want):
+        np.testing.assert_allclose(bufs[k], w, rtol=1e-5, atol=1e-5)

@@ -1,11 +1,11 @@
-"""PolyBench/C 4.2 kernels written in the TC language, with their naive C loop nests
-(PolyBench's reference loop order) and numpy references.
+"""PolyBench/C 4.2 kernels (and a 9-point jacobi-2d) written in the TC language, with
+their naive C loop nests (PolyBench's reference loop order) and numpy references.
 
 Used by ``bench_polybench.py`` (speed-up of polyc over the naive loop nest compiled with
 ``gcc -O3 -march=native``) and by ``tests/test_polybench_kernels.py`` (correctness at
 tiny odd sizes).
 
-All twelve kernels are expressible, with these adaptations (``NOTES`` prints them):
+All fifteen kernels are expressible, with these adaptations (``NOTES`` prints them):
 
 * PolyBench updates arrays in place (``C *= beta; C += ...``); a TC function's outputs
   are distinct from its inputs, so an in/out array is an input ``C_in`` copied into the
@@ -18,16 +18,18 @@ All twelve kernels are expressible, with these adaptations (``NOTES`` prints the
   ``exists`` clause on an access whose index is the difference, ``exists A(i - j, k)``:
   range inference keeps the access in bounds, i.e. ``0 <= i - j < N``, so the iteration
   domain itself is the triangle and no work is wasted.
-* jacobi-2d's time loop cannot be a TC loop (a statement's domain has no time
-  dimension over which a tensor is overwritten); ``TSTEPS`` steps are unrolled into
-  ``2 * TSTEPS`` statements over fresh temporaries (the borders are copied once per
-  array). Fine for a few steps; PolyBench's 500 steps would be 1000 statements.
+* The time loops of jacobi-2d (5 and 9 points) and heat-3d cannot be TC loops (a
+  statement's domain has no time dimension over which a tensor is overwritten);
+  ``TSTEPS`` steps are unrolled into ``2 * TSTEPS`` statements over fresh temporaries
+  (the borders are copied once per array). Fine for a few steps; PolyBench's 500 steps
+  would be 1000 statements.
 * alpha and beta are the literals 1.5 and 1.2 (PolyBench's values), in both versions.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -54,6 +56,23 @@ class Bench:
     flops: Callable[[dict[str, int]], float] = lambda s: 0.0
     tiny: dict[str, int] = field(default_factory=dict)  #: odd sizes for the test
     sizes_in_tc: tuple[str, ...] = ()  #: sizes no array determines (none here)
+    #: the C element type ("double"; "float": :func:`as_float32`)
+    ctype: str = "double"
+
+
+def as_float32(b: Bench) -> Bench:
+    """``b`` in single precision: float arrays in the TC and the C (its constants
+    ``1.5f``, so gcc computes in float as well), float32 inputs, and the numpy
+    reference computed in double from them and rounded to float32."""
+    literal = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.])")
+    return replace(
+        b, tc=b.tc.replace("double(", "float("),
+        c_body=literal.sub(r"\1f", b.c_body.replace("double", "float")),
+        c_params=[p.replace("double ", "float ", 1) for p in b.c_params],
+        inputs=lambda s, r, f=b.inputs: [x.astype(np.float32) for x in f(s, r)],
+        numpy=lambda *xs, f=b.numpy: tuple(
+            o.astype(np.float32) for o in f(*[x.astype(np.float64) for x in xs])),
+        ctype="float")
 
 
 def _rand(rng, *shape):
@@ -302,6 +321,47 @@ def mvt(double(N) x1_in, double(N) x2_in, double(N) y1, double(N) y2, double(N,N
     lambda s: 4.0 * s["N"] ** 2,
     dict(N=9))
 
+GEMVER = Bench(
+    "gemver",
+    """
+def gemver(double(N,N) A_in, double(N) u1, double(N) v1, double(N) u2, double(N) v2,
+           double(N) w_in, double(N) x_in, double(N) y, double(N) z) -> (A, x, w) {
+    A(i,j) = A_in(i,j) + u1(i) * v1(j) + u2(i) * v2(j)
+    x(i) = x_in(i)
+    x(i) += 1.2 * A(j,i) * y(j)
+    x(i) = x(i) + z(i)
+    w(i) = w_in(i)
+    w(i) += 1.5 * A(i,j) * x(j)
+}""",
+    dict(N=2000),
+    lambda s, r: [_rand(r, s["N"], s["N"])] + [_rand(r, s["N"]) for _ in range(8)],
+    lambda A, u1, v1, u2, v2, w, x, y, z: _gemver_ref(A, u1, v1, u2, v2, w, x, y, z),
+    """
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < N; j++)
+      A[i][j] = A[i][j] + u1[i] * v1[j] + u2[i] * v2[j];
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < N; j++)
+      x[i] = x[i] + BETA * A[j][i] * y[j];
+  for (int i = 0; i < N; i++)
+    x[i] = x[i] + z[i];
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < N; j++)
+      w[i] = w[i] + ALPHA * A[i][j] * x[j];""",
+    ["double A[N][N]", "double u1[N]", "double v1[N]", "double u2[N]", "double v2[N]",
+     "double w[N]", "double x[N]", "double y[N]", "double z[N]"],
+    [("copy", 0), ("in", 1), ("in", 2), ("in", 3), ("in", 4), ("copy", 5), ("copy", 6),
+     ("in", 7), ("in", 8)], [0, 6, 5],
+    lambda s: 10.0 * s["N"] ** 2,
+    dict(N=9))
+
+
+def _gemver_ref(A, u1, v1, u2, v2, w, x, y, z):
+    A = A + np.outer(u1, v1) + np.outer(u2, v2)
+    x = x + BETA * A.T @ y + z
+    return A, x, w + ALPHA * A @ x
+
+
 GESUMMV = Bench(
     "gesummv",
     """
@@ -397,33 +457,106 @@ def covariance(double(N,M) data) -> (double(M,M) cov) {
     dict(M=7, N=9))
 
 
-def jacobi_tc(steps: int) -> str:
-    """jacobi-2d, ``steps`` time steps unrolled into statements over temporaries."""
-    def stencil(dst, src):
-        return (f"    {dst}(i,j) = 0.2 * ({src}(i,j) + {src}(i,j-1) + {src}(i,j+1) + "
-                f"{src}(i+1,j) + {src}(i-1,j)) where i in 1:N-1, j in 1:N-1")
+#: the taps of the 5-point and 9-point Jacobi stencils, and their weights
+JACOBI_TAPS = {5: ([(0, 0), (0, -1), (0, 1), (1, 0), (-1, 0)], "0.2"),
+               9: ([(di, dj) for di in (-1, 0, 1) for dj in (-1, 0, 1)], "0.11111")}
+
+
+def _shift(it: str, d: int) -> str:
+    return it if d == 0 else f"{it}{d:+d}"
+
+
+def _time_steps_tc(name: str, its: list[str], steps: int, stencil) -> str:
+    """A two-array stencil (``A -> B -> A`` per time step), ``steps`` steps unrolled into
+    statements over temporaries: each step's arrays first copy the inputs (the
+    borders), then ``stencil(dst, src)`` (a TC right-hand side) updates the interior."""
+    at = ",".join(its)
+    interior = ", ".join(f"{it} in 1:N-1" for it in its)
     lines = []
     a = "A_in"
     for t in range(steps):
         b = "B" if t == steps - 1 else f"B{t}"
         a_next = "A" if t == steps - 1 else f"A{t}"
-        lines += [f"    {b}(i,j) = B_in(i,j)", stencil(b, a),
-                  f"    {a_next}(i,j) = A_in(i,j)", stencil(a_next, b)]
+        for dst, src, init in ((b, a, "B_in"), (a_next, b, "A_in")):
+            lines += [f"    {dst}({at}) = {init}({at})",
+                      f"    {dst}({at}) = {stencil(src)} where {interior}"]
         a = a_next
-    return ("\ndef jacobi2d(double(N,N) A_in, double(N,N) B_in) -> (A, B) {\n"
+    shape = ",".join("N" for _ in its)
+    return (f"\ndef {name}(double({shape}) A_in, double({shape}) B_in) -> (A, B) {{\n"
             + "\n".join(lines) + "\n}")
 
 
-def _jacobi_ref(steps):
+def jacobi_tc(steps: int, points: int = 5) -> str:
+    """jacobi-2d (5- or 9-point), ``steps`` time steps unrolled into statements over
+    temporaries."""
+    taps, weight = JACOBI_TAPS[points]
+
+    def stencil(src):
+        return f"{weight} * (" + " + ".join(
+            f"{src}({_shift('i', di)},{_shift('j', dj)})" for di, dj in taps) + ")"
+    return _time_steps_tc("jacobi2d", ["i", "j"], steps, stencil)
+
+
+def heat_tc(steps: int) -> str:
+    """heat-3d (PolyBench's 7-point update), ``steps`` time steps unrolled."""
+    def stencil(src):
+        c = f"{src}(i,j,k)"
+        terms = [f"0.125 * ({src}({_shift('i', 1) if d == 0 else 'i'},"
+                 f"{_shift('j', 1) if d == 1 else 'j'},{_shift('k', 1) if d == 2 else 'k'})"
+                 f" - 2.0 * {c} + {src}({_shift('i', -1) if d == 0 else 'i'},"
+                 f"{_shift('j', -1) if d == 1 else 'j'},{_shift('k', -1) if d == 2 else 'k'}))"
+                 for d in range(3)]
+        return " + ".join(terms) + f" + {c}"
+    return _time_steps_tc("heat3d", ["i", "j", "k"], steps, stencil)
+
+
+def _jacobi_ref(steps, points=5):
+    taps, weight = JACOBI_TAPS[points]
+
+    def update(src, dst):
+        n = src.shape[0]
+        total = None
+        for di, dj in taps:
+            part = src[1 + di:n - 1 + di, 1 + dj:n - 1 + dj]
+            total = part if total is None else total + part
+        dst[1:-1, 1:-1] = float(weight) * total
+
     def ref(A, B):
         A, B = A.copy(), B.copy()
         for _ in range(steps):
-            B[1:-1, 1:-1] = 0.2 * (A[1:-1, 1:-1] + A[1:-1, :-2] + A[1:-1, 2:] + A[2:, 1:-1]
-                                   + A[:-2, 1:-1])
-            A[1:-1, 1:-1] = 0.2 * (B[1:-1, 1:-1] + B[1:-1, :-2] + B[1:-1, 2:] + B[2:, 1:-1]
-                                   + B[:-2, 1:-1])
+            update(A, B)
+            update(B, A)
         return A, B
     return ref
+
+
+def _heat_ref(steps):
+    def update(s, d):
+        c = s[1:-1, 1:-1, 1:-1]
+        d[1:-1, 1:-1, 1:-1] = (0.125 * (s[2:, 1:-1, 1:-1] - 2.0 * c + s[:-2, 1:-1, 1:-1])
+                               + 0.125 * (s[1:-1, 2:, 1:-1] - 2.0 * c + s[1:-1, :-2, 1:-1])
+                               + 0.125 * (s[1:-1, 1:-1, 2:] - 2.0 * c + s[1:-1, 1:-1, :-2])
+                               + c)
+
+    def ref(A, B):
+        A, B = A.copy(), B.copy()
+        for _ in range(steps):
+            update(A, B)
+            update(B, A)
+        return A, B
+    return ref
+
+
+def _jacobi9_c(steps: int) -> str:
+    taps, weight = JACOBI_TAPS[9]
+
+    def sweep(dst, src):
+        total = " + ".join(f"{src}[i{di:+d}][j{dj:+d}]" for di, dj in taps)
+        return (f"    for (int i = 1; i < N - 1; i++)\n"
+                f"      for (int j = 1; j < N - 1; j++)\n"
+                f"        {dst}[i][j] = {weight} * ({total});\n")
+    return (f"\n  for (int t = 0; t < {steps}; t++) {{\n" + sweep("B", "A") + sweep("A", "B")
+            + "  }")
 
 
 JACOBI_STEPS = 4
@@ -447,7 +580,49 @@ JACOBI = Bench(
     lambda s: 10.0 * JACOBI_STEPS * (s["N"] - 2) ** 2,
     dict(N=9))
 
-BENCHES = [GEMM, MM2, MM3, SYRK, SYR2K, ATAX, BICG, MVT, GESUMMV, DOITGEN, COVARIANCE, JACOBI]
+JACOBI9 = Bench(
+    "jacobi-2d-9",
+    jacobi_tc(JACOBI_STEPS, points=9),
+    dict(N=1300),
+    lambda s, r: [_rand(r, s["N"], s["N"]), _rand(r, s["N"], s["N"])],
+    _jacobi_ref(JACOBI_STEPS, points=9),
+    _jacobi9_c(JACOBI_STEPS),
+    ["double A[N][N]", "double B[N][N]"],
+    [("copy", 0), ("copy", 1)], [0, 1],
+    lambda s: 18.0 * JACOBI_STEPS * (s["N"] - 2) ** 2,
+    dict(N=9))
+
+HEAT_STEPS = 4
+HEAT = Bench(
+    "heat-3d",
+    heat_tc(HEAT_STEPS),
+    dict(N=120),
+    lambda s, r: [_rand(r, s["N"], s["N"], s["N"]), _rand(r, s["N"], s["N"], s["N"])],
+    _heat_ref(HEAT_STEPS),
+    f"""
+  for (int t = 0; t < {HEAT_STEPS}; t++) {{
+    for (int i = 1; i < N - 1; i++)
+      for (int j = 1; j < N - 1; j++)
+        for (int k = 1; k < N - 1; k++)
+          B[i][j][k] = 0.125 * (A[i+1][j][k] - 2.0 * A[i][j][k] + A[i-1][j][k])
+                     + 0.125 * (A[i][j+1][k] - 2.0 * A[i][j][k] + A[i][j-1][k])
+                     + 0.125 * (A[i][j][k+1] - 2.0 * A[i][j][k] + A[i][j][k-1])
+                     + A[i][j][k];
+    for (int i = 1; i < N - 1; i++)
+      for (int j = 1; j < N - 1; j++)
+        for (int k = 1; k < N - 1; k++)
+          A[i][j][k] = 0.125 * (B[i+1][j][k] - 2.0 * B[i][j][k] + B[i-1][j][k])
+                     + 0.125 * (B[i][j+1][k] - 2.0 * B[i][j][k] + B[i][j-1][k])
+                     + 0.125 * (B[i][j][k+1] - 2.0 * B[i][j][k] + B[i][j][k-1])
+                     + B[i][j][k];
+  }}""",
+    ["double A[N][N][N]", "double B[N][N][N]"],
+    [("copy", 0), ("copy", 1)], [0, 1],
+    lambda s: 30.0 * HEAT_STEPS * (s["N"] - 2) ** 3,
+    dict(N=7))
+
+BENCHES = [GEMM, GEMVER, MM2, MM3, SYRK, SYR2K, ATAX, BICG, MVT, GESUMMV, DOITGEN, COVARIANCE,
+           JACOBI, JACOBI9, HEAT]
 
 
 def c_source(b: Bench, sizes: dict[str, int]) -> str:
@@ -455,7 +630,8 @@ def c_source(b: Bench, sizes: dict[str, int]) -> str:
     ``-DLARGE_DATASET``); function ``kernel(void **arrays)``."""
     defs = "".join(f"#define {k} {v}\n" for k, v in sizes.items())
     unpack = "".join(f"  {_ptr_decl(p, i)}\n" for i, p in enumerate(b.c_params))
-    return (f"{defs}#define ALPHA {ALPHA}\n#define BETA {BETA}\n"
+    suffix = "f" if b.ctype == "float" else ""
+    return (f"{defs}#define ALPHA {ALPHA}{suffix}\n#define BETA {BETA}{suffix}\n"
             f"void kernel(void **arrays)\n{{\n{unpack}{b.c_body}\n}}\n")
 
 

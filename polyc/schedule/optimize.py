@@ -43,6 +43,8 @@ verifies every one of them against the dependences.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import islpy as isl
 
 from .. import dtypes as D
@@ -150,6 +152,8 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                 sizes = _whole_reduction(sizes, node, kernel, reg)
                 sizes = _fit_panel(sizes, node, kernel, reg)
                 sizes = cache_blocks.fit_rows(sizes, node, kernel, reg, options)
+                if fused_at is None and group is None:
+                    node, sizes, reg = _panels_inside_rows(node, sizes, kernel, reg)
             else:  # one horizontal sum per accumulator per reduction tile: few tiles,
                 # of balanced sizes (4608 as 2 x 2304, not 4096 + 512)
                 k = cache_blocks.member_extent(node, kernel, reg.dot)
@@ -293,6 +297,47 @@ def _fit_panel(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
         sizes[i] = max(1, min(sizes[i], rest))
         rest //= sizes[i]
     return sizes
+
+
+#: run a small panel's other members inside the register tile's row loop (see
+#: :func:`_panels_inside_rows`)
+PANELS_INSIDE_ROWS = True
+
+
+def _panels_inside_rows(node: isl.ScheduleNode, sizes: list[int], kernel: Kernel,
+                        reg: register_tile.Plan
+                        ) -> tuple[isl.ScheduleNode, list[int], register_tile.Plan]:
+    """The band, its sizes and plan with the panel's other members (:func:`_panel_members`:
+    the weight blocks ``mb`` of a channel-last conv) moved just inside the register
+    tile's rows, when each is whole in a cache tile and the whole panel they span fits
+    in half the L1 data cache: each row strip then meets every column block while it is
+    in L1, and each pixel's output channels are written together instead of in one pass
+    per block. MobileNetV2's 112x112 16 -> 96 1x1 conv (three 32-channel blocks of a
+    6 KB panel) took 0.68 ms with the blocks outside the rows, 0.60 ms inside. A panel
+    past the L1 keeps the blocks outside: its block is the one that stays in L1 while
+    the rows stream past it."""
+    members = _panel_members(node, kernel, reg)
+    if not PANELS_INSIDE_ROWS or not members or reg.v is None:
+        return node, sizes, reg
+    extents = {i: cache_blocks.member_extent(node, kernel, i) for i in members + [reg.v]}
+    if any(e is None or sizes[i] < e for i, e in extents.items() if i != reg.v):
+        return node, sizes, reg
+    item = D.itemsize(kernel.array(reg.array).dtype)
+    panel = cache_blocks.reduction_depth(sizes, node, kernel) * item * \
+        min(sizes[reg.v], extents[reg.v] or sizes[reg.v])
+    for i in members:
+        panel *= extents[i]
+    if panel > machine.l1d_bytes() // 2:
+        return node, sizes, reg
+    rest = [i for i in range(node.band_n_member()) if i not in members]
+    at = rest.index(reg.u) + 1
+    order = rest[:at] + members + rest[at:]
+    if order == list(range(node.band_n_member())):
+        return node, sizes, reg
+    new = {old: pos for pos, old in enumerate(order)}
+    node = tiling.permute_band(node, order)
+    return node, [sizes[i] for i in order], dataclasses.replace(
+        reg, u=new[reg.u], v=new[reg.v], dot=None if reg.dot is None else new[reg.dot])
 
 
 def _panel_members(node: isl.ScheduleNode, kernel: Kernel,
