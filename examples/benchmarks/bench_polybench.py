@@ -134,10 +134,20 @@ def run_one(b: Bench, sizes: dict[str, int], repeat: int,
         f()
     ok_p = {t: close(outs) for t, (_, outs) in runners.items()}
     times: dict[object, list[float]] = {"gcc": [], 1: [], 2: []}
+    # polyc's copies of PolyBench's in/out arrays are its inputs: rewritten before each
+    # run as well, so that both sides start with those arrays just written (the naive
+    # C's restored copies are otherwise in cache and polyc's are not: float32 jacobi-2d
+    # measured 0.77x, and 1.0x with both restored)
+    saved = {i: inputs[i].copy() for kind, i in b.c_bind if kind == "copy"}
+
+    def refresh():
+        for i, x in saved.items():
+            np.copyto(inputs[i], x)
     for _ in range(repeat):
         restore()
         times["gcc"].append(_seconds(naive))
         for threads, (f, _) in runners.items():
+            refresh()
             times[threads].append(_seconds(f))
     tg, t1, t2 = _median(times["gcc"]), _median(times[1]), _median(times[2])
     fl = b.flops(sizes)
