@@ -520,14 +520,7 @@ def _jacobi_ref(steps, points=5):
             part = src[1 + di:n - 1 + di, 1 + dj:n - 1 + dj]
             total = part if total is None else total + part
         dst[1:-1, 1:-1] = float(weight) * total
-
-    def ref(A, B):
-        A, B = A.copy(), B.copy()
-        for _ in range(steps):
-            update(A, B)
-            update(B, A)
-        return A, B
-    return ref
+    return _steps_ref(steps, update)
 
 
 def _heat_ref(steps):
@@ -537,7 +530,12 @@ def _heat_ref(steps):
                                + 0.125 * (s[1:-1, 2:, 1:-1] - 2.0 * c + s[1:-1, :-2, 1:-1])
                                + 0.125 * (s[1:-1, 1:-1, 2:] - 2.0 * c + s[1:-1, 1:-1, :-2])
                                + c)
+    return _steps_ref(steps, update)
 
+
+def _steps_ref(steps, update):
+    """The numpy reference of a two-array stencil: ``update(A, B)`` then ``update(B, A)``
+    per time step, on copies of the inputs."""
     def ref(A, B):
         A, B = A.copy(), B.copy()
         for _ in range(steps):
