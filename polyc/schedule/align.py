@@ -55,7 +55,7 @@ from ..deps import Dependences
 from ..ir import Kernel
 from ..options import Options
 from . import tiling
-from .vector import stride_score
+from .vector import best_member
 
 #: fuse at all (a switch for measurements)
 FUSE_ALIGNED = True
@@ -169,11 +169,8 @@ def _candidate(f: isl.UnionSet, owner: int, members: list[isl.UnionPwAff],
                              kernel.statement(n).kind == "init" for n in names):
         return _Nest(f, owner)
     node = _band_node(f, members, coincident)
-    vec, best = None, 0
-    for m in range(len(members)):
-        score = stride_score(kernel, node, m)
-        if coincident[m] and score > 0 and score >= best:
-            vec, best = m, score
+    # the vector loop, as optimize._innermost_member picks it (no reduction here)
+    vec, _ = best_member(kernel, node, [m for m in range(len(members)) if coincident[m]])
     free = tuple(m for m in range(len(members)) if coincident[m] and m != vec)
     return _Nest(f, owner, members, tuple(coincident), free)
 

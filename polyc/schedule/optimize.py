@@ -52,7 +52,7 @@ from .. import expr as E
 from ..ir import Kernel, fixed_bytes
 from ..options import Options
 from . import cache_blocks, fuse, machine, register_tile, tiling
-from .vector import member_iterators, stride_score
+from .vector import best_member, member_iterators, stride_score
 
 PARALLEL = "parallel"
 SIMD = "simd"
@@ -685,11 +685,8 @@ def _innermost_member(node: isl.ScheduleNode, kernel: Kernel) -> tuple[int | Non
     flags = tiling.coincident_flags(node)
     n = node.band_n_member()
     candidates = range(n) if node.band_get_permutable() else [n - 1]
-    best: dict[bool, tuple[int | None, int]] = {True: (None, 0), False: (None, 0)}
-    for i in candidates:
-        score = stride_score(kernel, node, i)
-        if score > 0 and score >= best[flags[i]][1]:
-            best[flags[i]] = (i, score)
+    best = {flag: best_member(kernel, node, [i for i in candidates if flags[i] == flag])
+            for flag in (True, False)}
     if best[False][0] is not None and (best[False][1] > best[True][1] or
                                        best[False][1] == best[True][1] and _sums(node, kernel)):
         return best[False][0], False

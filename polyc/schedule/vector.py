@@ -64,3 +64,14 @@ def stride_score(kernel: Kernel, node: isl.ScheduleNode, member: int) -> int:
         total += sum(1 if quad and r.array == quad.lanes.array else _access_score(r, it)
                      for r in s.reads if r is not s.write)
     return total
+
+
+def best_member(kernel: Kernel, node: isl.ScheduleNode, members) -> tuple[int | None, int]:
+    """Of ``members`` of the band, the one with the best positive stride score (the
+    last on ties) and its score; ``(None, 0)`` when none scores above 0."""
+    best: tuple[int | None, int] = (None, 0)
+    for i in members:
+        score = stride_score(kernel, node, i)
+        if score > 0 and score >= best[1]:
+            best = (i, score)
+    return best
