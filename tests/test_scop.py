@@ -317,3 +317,38 @@ def test_c_input_on_the_cuda_target(scheduler):
                rng.standard_normal((9, 23)))
     want = 0.5 * C + 1.5 * (A @ B)
     np.testing.assert_allclose(op(17, 23, 9, 1.5, 0.5, C, A, B), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemm_scaling_is_distributed_from_the_product(threads):
+    """``C[i][j] *= beta`` and the product's ``k`` loop share the ``i`` loop, and no
+    dependence runs from the product back to the scaling: the nest is distributed
+    (``scheduler._distributed``), the product alone gets its register tile, and the
+    result stays the C's, bit for bit (the sums keep their order), at sizes that are no
+    multiple of the tiles."""
+    op = polyc.scop(GEMM, function="gemm", threads=threads)
+    rng = np.random.default_rng(7)
+    sizes = dict(NI=61, NJ=75, NK=53)
+    C = rng.standard_normal((61, 75))
+    A, B = rng.standard_normal((61, 53)), rng.standard_normal((53, 75))
+    want = C * 0.5
+    for k in range(53):  # the C's own order of the sums
+        want = want + 1.5 * A[:, k:k + 1] * B[k:k + 1, :]
+    src = op.compiled_for(sizes).c_source
+    assert "polyc_acc" in src
+    op(61, 75, 53, 1.5, 0.5, C, A, B)
+    np.testing.assert_allclose(C, want, rtol=1e-13, atol=1e-13)
+
+
+def test_c_nests_with_a_backward_dependence_stay_together():
+    """jacobi-1d's two sweeps share the time loop and each reads what the other wrote
+    at the step before: no cut between them is legal, so they stay one run even under
+    ``fusion="min"`` (which cuts wherever it may)."""
+    from polyc.deps import compute_dependences
+    from polyc.schedule.scheduler import fusion_groups
+    kernel = polyc.scop(JACOBI_1D, function="jacobi_1d").kernel
+    deps = compute_dependences(kernel)
+    assert [len(g) for g in fusion_groups(kernel, "min", deps.validity)] == [2]
+    gemm = polyc.scop(GEMM, function="gemm").kernel
+    groups = fusion_groups(gemm, "smart", compute_dependences(gemm).validity)
+    assert [[s.name for s in g] for g in groups] == [["S0"], ["S1"]]

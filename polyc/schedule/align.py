@@ -165,9 +165,10 @@ def _candidate(f: isl.UnionSet, owner: int, members: list[isl.UnionPwAff],
                coincident, permutable: bool, kernel: Kernel) -> _Nest:
     names: list[str] = []
     f.foreach_set(lambda s: names.append(s.get_tuple_name()))
-    if not permutable or any(kernel.statement(n).is_reduction or
-                             kernel.statement(n).kind == "init" for n in names):
-        return _Nest(f, owner)
+    if not permutable or not all(coincident) or any(
+            kernel.statement(n).is_reduction or kernel.statement(n).kind == "init"
+            for n in names):  # (a loop carrying a dependence: C's `C[i][j] = C[i][j] +
+        return _Nest(f, owner)  # A[i][k] * B[k][j]`, a sum in all but name)
     node = _band_node(f, members, coincident)
     # the vector loop, as optimize._innermost_member picks it (no reduction here)
     vec, _ = best_member(kernel, node, [m for m in range(len(members)) if coincident[m]])
