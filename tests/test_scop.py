@@ -352,3 +352,18 @@ def test_c_nests_with_a_backward_dependence_stay_together():
     gemm = polyc.scop(GEMM, function="gemm").kernel
     groups = fusion_groups(gemm, "smart", compute_dependences(gemm).validity)
     assert [[s.name for s in g] for g in groups] == [["S0"], ["S1"]]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_time_tiles_sweep_long_rows(threads):
+    """A time-skewed jacobi-1d tile sweeps long rows (``optimize._stencil_rows``: up to
+    2048 points, a few tiles a thread kept for the wavefront), not 64-point ones, and
+    its tiles of unequal sizes still run as a wavefront at 2 threads; exact results."""
+    import re
+    op = polyc.scop(JACOBI_1D, function="jacobi_1d", threads=threads)
+    src = op.compiled_for(dict(T=150, N=20001)).c_source
+    spans = [int(m) for m in re.findall(r"c5 <= polyc_min_i64\(19999, [^;]*?\+ (\d+)\);", src)]
+    assert spans and min(spans) >= 1000, spans
+    if threads == 2:
+        assert "#pragma omp parallel for" in src
+    run_jacobi_1d(op, T=150, N=20001)  # (checks against numpy)

@@ -74,17 +74,22 @@ def split_last(node: isl.ScheduleNode) -> isl.ScheduleNode:
     return node.band_split(n - 1).child(0)
 
 
-def wavefront(tiles: isl.ScheduleNode) -> isl.ScheduleNode:
+def wavefront(tiles: isl.ScheduleNode, sizes: list[int] | None = None) -> isl.ScheduleNode:
     """The tile band ``[T0, T1, ..., Tk]`` of a permutable band without a parallel member
     as ``[T0 + ... + Tk]`` above ``[T1, ..., Tk]``: every dependence has non-negative
     tile distances, so those with a zero sum stay inside one tile and the inner members
-    are parallel at a fixed wavefront (all of them flagged coincident). Returns the inner
+    are parallel at a fixed wavefront (all of them flagged coincident). Tiles of unequal
+    ``sizes`` (the tile loops scaled by them) sum their tile numbers, ``Ti / size_i``
+    (the scaled coordinates' sum is no wavefront: one tile a front). Returns the inner
     band; its parent is the wavefront band."""
     n = tiles.band_n_member()
     mupa = tiles.band_get_partial_schedule()
     parts = [mupa.get_union_pw_aff(i) for i in range(n)]
-    front = parts[0]
-    for p in parts[1:]:
+    counted = parts if sizes is None or len(set(sizes[:n])) == 1 else \
+        [p.scale_down_val(isl.Val.int_from_si(p.get_ctx(), sizes[i]))
+         for i, p in enumerate(parts)]
+    front = counted[0]
+    for p in counted[1:]:
         front = front.add(p)
     new = isl.MultiUnionPwAff.from_union_pw_aff_list(mupa.get_space(),
                                                      _upa_list([front, *parts[1:]]))
