@@ -82,8 +82,8 @@ def fusion_groups(kernel: Kernel, mode: str,
                 groups[-1].append(s)
             else:
                 groups.append([s])
-        if validity is None or not DISTRIBUTE_NESTS:
-            return groups
+        if validity is None or not DISTRIBUTE_NESTS or kernel.exits or kernel.folds:
+            return groups  # (early exits and folded storage need their shared loops)
         return [part for g in groups for part in _distributed(g, kernel, validity, mode)]
     if mode == "min":
         return [[s] for s in stmts]
