@@ -25,7 +25,9 @@ One top-down walk over the schedule tree. At each band:
    stencil: a member such as ``2t + i``) run in the statements' program order inside
    each tile (:func:`_program_order_points`): each innermost loop is one statement's
    unit-stride sweep instead of a skewed loop interleaving fused statements behind
-   guards (jacobi-1d 0.22x -> 0.53x of gcc at 1 thread, jacobi-2d 1.0x -> 1.5x).
+   guards (jacobi-1d 0.22x -> 0.53x of gcc at 1 thread, jacobi-2d 1.0x -> 1.5x); a
+   time-skewed tile's innermost member is long, so that sweep is too
+   (:func:`_stencil_rows`: jacobi-1d 0.53x -> 1.23x).
 
 A specialised kernel whose band does little work (fewer than :data:`TINY_WORK`
 statement instances, each weighted by the elements it reads) gets no ``parallel``
