@@ -545,6 +545,22 @@ def _steps_ref(steps, update):
     return ref
 
 
+def _heat_c(steps: int) -> str:
+    """heat-3d's naive C: PolyBench's two sweeps per time step, ``A -> B -> A``."""
+    def sweep(dst, src):
+        c = f"{src}[i][j][k]"
+        terms = "\n                     + ".join(
+            f"0.125 * ({src}{hi} - 2.0 * {c} + {src}{lo})" for hi, lo in (
+                ("[i+1][j][k]", "[i-1][j][k]"), ("[i][j+1][k]", "[i][j-1][k]"),
+                ("[i][j][k+1]", "[i][j][k-1]")))
+        return ("    for (int i = 1; i < N - 1; i++)\n"
+                "      for (int j = 1; j < N - 1; j++)\n"
+                "        for (int k = 1; k < N - 1; k++)\n"
+                f"          {dst}[i][j][k] = {terms}\n                     + {c};\n")
+    return (f"\n  for (int t = 0; t < {steps}; t++) {{\n" + sweep("B", "A") + sweep("A", "B")
+            + "  }")
+
+
 def _jacobi9_c(steps: int) -> str:
     taps, weight = JACOBI_TAPS[9]
 
@@ -597,23 +613,7 @@ HEAT = Bench(
     dict(N=120),
     lambda s, r: [_rand(r, s["N"], s["N"], s["N"]), _rand(r, s["N"], s["N"], s["N"])],
     _heat_ref(HEAT_STEPS),
-    f"""
-  for (int t = 0; t < {HEAT_STEPS}; t++) {{
-    for (int i = 1; i < N - 1; i++)
-      for (int j = 1; j < N - 1; j++)
-        for (int k = 1; k < N - 1; k++)
-          B[i][j][k] = 0.125 * (A[i+1][j][k] - 2.0 * A[i][j][k] + A[i-1][j][k])
-                     + 0.125 * (A[i][j+1][k] - 2.0 * A[i][j][k] + A[i][j-1][k])
-                     + 0.125 * (A[i][j][k+1] - 2.0 * A[i][j][k] + A[i][j][k-1])
-                     + A[i][j][k];
-    for (int i = 1; i < N - 1; i++)
-      for (int j = 1; j < N - 1; j++)
-        for (int k = 1; k < N - 1; k++)
-          A[i][j][k] = 0.125 * (B[i+1][j][k] - 2.0 * B[i][j][k] + B[i-1][j][k])
-                     + 0.125 * (B[i][j+1][k] - 2.0 * B[i][j][k] + B[i][j-1][k])
-                     + 0.125 * (B[i][j][k+1] - 2.0 * B[i][j][k] + B[i][j][k-1])
-                     + B[i][j][k];
-  }}""",
+    _heat_c(HEAT_STEPS),
     ["double A[N][N][N]", "double B[N][N][N]"],
     [("copy", 0), ("copy", 1)], [0, 1],
     lambda s: 30.0 * HEAT_STEPS * (s["N"] - 2) ** 3,

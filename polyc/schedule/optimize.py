@@ -267,13 +267,7 @@ def _member_span(node: isl.ScheduleNode, kernel: Kernel, member: int) -> int | N
         .range().intersect_params(kernel.context)
     sets: list[isl.Set] = []
     values.foreach_set(sets.append)
-    if len(sets) != 1:
-        return None
-    one = sets[0].project_out(isl.dim_type.param, 0, sets[0].dim(isl.dim_type.param))
-    lo, hi = one.dim_min_val(0), one.dim_max_val(0)
-    if not (lo.is_int() and hi.is_int()):
-        return None
-    return hi.to_python() - lo.to_python() + 1
+    return tiling.box_volume(sets[0]) if len(sets) == 1 else None
 
 
 #: inside the tiles of a skewed band (time-tiled stencils), run the points in program

@@ -116,9 +116,9 @@ def _distributed(group: list[Statement], kernel: Kernel, validity: isl.UnionMap,
     for s in group[1:]:
         prev = runs[-1][-1]
         if mode == "min" or loop_depth(prev, kernel) != loop_depth(s, kernel):
-            before = _names_set(kernel, [x for r in runs for x in r])
+            before = _group_domain(kernel, [x for r in runs for x in r])
             rest = group[group.index(s):]
-            back = validity.intersect_domain(_names_set(kernel, rest)).intersect_range(before)
+            back = validity.intersect_domain(_group_domain(kernel, rest)).intersect_range(before)
             if back.is_empty():
                 runs.append([s])
                 continue
@@ -126,11 +126,12 @@ def _distributed(group: list[Statement], kernel: Kernel, validity: isl.UnionMap,
     return runs
 
 
-def _names_set(kernel: Kernel, stmts: list[Statement]) -> isl.UnionSet:
+def _group_domain(kernel: Kernel, stmts: list[Statement]) -> isl.UnionSet:
+    """The union of the statements' domains under the kernel's context."""
     out = isl.UnionSet.empty(kernel.context.get_space())
     for s in stmts:
         out = out.union(isl.UnionSet.from_set(s.domain))
-    return out
+    return out.intersect_params(kernel.context)
 
 
 def _reads_flattened(s: Statement, group: list[Statement]) -> bool:
@@ -371,10 +372,7 @@ def _program_order(kernel: Kernel, deps: Dependences, group: list[Statement]) ->
     recurrence's step as any other loop nest (a flat band of the whole position vector
     would leave every loop of the step scalar). Positions that mix constants and loops
     at one depth keep that flat band."""
-    dom = isl.UnionSet.empty(kernel.context.get_space())
-    for s in group:
-        dom = dom.union(isl.UnionSet.from_set(s.domain))
-    dom = dom.intersect_params(kernel.context)
+    dom = _group_domain(kernel, group)
     order = deps.original_schedule.intersect_domain(dom)
     flat = isl.Schedule.from_domain(dom).insert_partial_schedule(
         isl.MultiUnionPwAff.from_union_map(order))
@@ -398,10 +396,7 @@ def _position_tree(kernel: Kernel, group: list[Statement], positions: dict[str, 
                    d: int, depth: int) -> isl.Schedule | None:
     """The schedule of ``group`` by its positions from depth ``d`` (None where a depth
     mixes constants and loops)."""
-    dom = isl.UnionSet.empty(kernel.context.get_space())
-    for s in group:
-        dom = dom.union(isl.UnionSet.from_set(s.domain))
-    dom = dom.intersect_params(kernel.context)
+    dom = _group_domain(kernel, group)
     if d == depth:
         return isl.Schedule.from_domain(dom)
     consts = [_constant(positions[s.name][d]) for s in group]
@@ -471,10 +466,7 @@ def _isl_schedule(kernel: Kernel, deps: Dependences, group: list[Statement],
                   whole_component: bool, ctx: isl.Context | None = None) -> isl.Schedule:
     """isl's schedule of ``group``, computed in ``ctx`` (the kernel's when None)."""
     names = {s.name for s in group}
-    dom = isl.UnionSet.empty(kernel.context.get_space())
-    for s in group:
-        dom = dom.union(isl.UnionSet.from_set(s.domain))
-    dom = dom.intersect_params(kernel.context)
+    dom = _group_domain(kernel, group)
     parts = (dom, kernel.context, _filter_names(deps.validity, names),
              _filter_names(deps.coincidence, names), _filter_names(deps.proximity, names))
     if ctx is not None:
