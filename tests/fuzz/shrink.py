@@ -129,6 +129,10 @@ def execute(case: G.Case) -> Outcome:
             # polyc checks writes for every value of the sizes; the generator checks a
             # sample of sizes only, so a program valid for these sizes may still be refused
             return Outcome("invalid", f"sizes-dependent write refused: {e}")
+        if " out of bounds: " in str(e) and not case.options.get("specialize", True):
+            # likewise every access (check_accesses_in_bounds), but specialised to these
+            # sizes such a refusal is a disagreement with the interpreter, and a failure
+            return Outcome("invalid", f"sizes-dependent access refused: {e}")
         return Outcome("refusal", f"{type(e).__name__}: {e}", expected, stable,
                        detail=traceback.format_exc(limit=-4))
     except Exception as e:  # noqa: BLE001 - any other exception is a compiler crash
