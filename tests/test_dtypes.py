@@ -395,3 +395,43 @@ def r(float(N) X) -> (Y, Z) {
         okz = ~np.isnan(want_z)
         assert np.array_equal(np.isnan(z), ~okz)
         np.testing.assert_array_equal(z[okz].view(np.uint16), want_z[okz].view(np.uint16))
+
+
+@pytest.mark.parametrize("dt,zero", [(TensorProto.UINT8, 131), (TensorProto.INT8, -7),
+                                     (TensorProto.UINT16, 40000), (TensorProto.INT16, 0)])
+def test_quantize_clamps_before_rounding_exactly(dt, zero, monkeypatch, tmp_path):
+    """``saturate(rint(x / s) + zp)`` is printed as ``rint(clamp(x / s, lo - zp, hi - zp))
+    + zp`` (:data:`polyc.codegen.c_expr.CLAMP_BEFORE_ROUNDING`, faster under gcc 12): the
+    same value for ties, values just inside and past the limits, infinities and NaN, as
+    the plain order gives, and numpy's formula for every finite input."""
+    from polyc.codegen import c_expr
+    npdt = np.dtype(helper.tensor_dtype_to_np_dtype(dt))
+    info = np.iinfo(npdt)
+    scale = np.float32(0.25)
+    g = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 61])],
+        [helper.make_tensor_value_info("y", dt, [3, 61])],
+        [helper.make_tensor("s", TensorProto.FLOAT, [], [float(scale)]),
+         helper.make_tensor("z", dt, [], [zero])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    edges = [(b - zero + d) * scale for b in (info.min, info.max) for d in (-1, -0.5, 0, 0.5, 1)]
+    special = np.array(edges + [0.125, 0.375, -0.125, -0.375, 1e30, -1e30, np.inf, -np.inf,
+                                np.nan, -0.0], np.float32)
+    x = np.random.default_rng(5).uniform(-2 * info.max * float(scale) - 9,
+                                         2 * info.max * float(scale) + 9, 183).astype(np.float32)
+    x[:special.size] = special
+    x = x.reshape(3, 61)
+    results = []
+    for flag in (False, True):
+        monkeypatch.setattr(c_expr, "CLAMP_BEFORE_ROUNDING", flag)
+        compiled = polyc.compile_onnx(
+            model, options=polyc.Options(cache_dir=str(tmp_path / str(flag))))
+        source = open(compiled.library_path[:-3] + ".c").read()
+        assert ("rintf(polyc_clamp" in source) == flag
+        out = compiled(x)
+        results.append(np.asarray(out[0] if isinstance(out, (tuple, list)) else out))
+    np.testing.assert_array_equal(results[0], results[1])
+    finite = np.isfinite(x)
+    want = np.clip(np.rint(x.astype(np.float64) / scale) + zero, info.min, info.max)
+    np.testing.assert_array_equal(results[1][finite], want[finite].astype(npdt))

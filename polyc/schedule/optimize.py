@@ -150,6 +150,9 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                 sizes = [t if flags[i] else
                          cache_blocks.member_extent(node, kernel, i) or t
                          for i, t in enumerate(sizes)]
+                if QUAD_PANELS:
+                    sizes = _fit_panel(sizes, node, kernel, reg)
+                    sizes = cache_blocks.fit_rows(sizes, node, kernel, reg, options)
             elif reg.dot is None:
                 sizes = _whole_reduction(sizes, node, kernel, reg)
                 sizes = _fit_panel(sizes, node, kernel, reg)
@@ -355,6 +358,11 @@ def _fit_panel(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
         sizes[i] = max(1, min(sizes[i], rest))
         rest //= sizes[i]
     return sizes
+
+
+#: size an integer-dot tile's weight panel to the L2 and its rows to the rest, as float
+#: tiles are (:func:`_fit_panel`, :func:`cache_blocks.fit_rows`)
+QUAD_PANELS = True
 
 
 #: run a small panel's other members inside the register tile's row loop (see
