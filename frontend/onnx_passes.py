@@ -1255,6 +1255,7 @@ def fusion_groups(graph: Graph, max_size: int = MAX_GROUP) -> list[list[Node]]:
     for n in graph.nodes:
         target = None
         if n.op_type in ELEMENTWISE_OPS:
+            joinable = []
             for x in n.inputs:
                 g = group_of.get(x)
                 if g is None or not open_.get(g) or groups[g][-1].outputs[0] != x:
@@ -1263,14 +1264,16 @@ def fusion_groups(graph: Graph, max_size: int = MAX_GROUP) -> list[list[Node]]:
                     continue
                 if len(groups[g]) >= max_size:
                     continue
-                if any(group_of.get(y, -1) > g for y in n.inputs if y):
+                if not _inputs_ready(n, g, graph, users, groups, group_of, max_size):
                     continue
                 if any(o for o in groups[g][-1].outputs[1:]):
                     continue
                 if n.op_type == "DequantizeLinear" and groups[g][0].op_type in ANCHOR_OPS:
                     continue  # a contraction's quantized result: read by the next group
-                target = g
-                break
+                joinable.append(g)
+            if joinable:  # the largest: lone producers of the other inputs move into it
+                target = max(joinable, key=lambda g: (len(groups[g]), -g)) \
+                    if JOIN_LARGEST_GROUP else joinable[0]
         if target is None:
             groups.append([])
             target = len(groups) - 1
@@ -1285,6 +1288,26 @@ def fusion_groups(graph: Graph, max_size: int = MAX_GROUP) -> list[list[Node]]:
             if o:
                 group_of[o] = target
     return [g for g in groups if g]
+
+
+#: an elementwise node with several groups to join joins the largest (see fusion_groups)
+JOIN_LARGEST_GROUP = True
+
+
+def _inputs_ready(n: Node, g: int, graph: Graph, users: Mapping[str, list[Node]],
+                  groups: list[list[Node]], group_of: Mapping[str, int], max_size: int) -> bool:
+    """May ``n`` join group ``g``: is each of its inputs computed by ``g`` or an earlier
+    group, or by a lone producer that :func:`_pulled` moves into ``g`` and whose own
+    inputs are? GELU's ``(x * 0.5) * (erf(x / sqrt2) + 1)``: the final Mul joins the
+    erf's group, and the lone ``x * 0.5`` comes along (one kernel instead of two)."""
+    late = [y for y in n.inputs if y and group_of.get(y, -1) > g]
+    if not late:
+        return True
+    if not JOIN_LARGEST_GROUP:
+        return False
+    pulled = {p.outputs[0]: p for p in _pulled(n, graph, users, groups, group_of, g, max_size)}
+    return all(y in pulled and all(group_of.get(z, -1) <= g for z in pulled[y].inputs if z)
+               for y in late)
 
 
 def _pulled(n: Node, graph: Graph, users: Mapping[str, list[Node]], groups: list[list[Node]],

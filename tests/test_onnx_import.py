@@ -386,6 +386,43 @@ def test_fusion_groups_respect_topological_order():
     np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
 
 
+def test_fusion_groups_join_the_largest_group_pulling_lone_producers():
+    """GELU as BERT exports it: ``(x * 0.5) * (erf(x / sqrt2) + 1)``. The last Mul joins
+    the erf's group (the largest it may join) and the lone ``x * 0.5``, computed after
+    that group started, comes along: one kernel, not two. A lone producer that reads a
+    tensor computed after the group does not move, so the node stays out."""
+    def gelu(extra):
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                 helper.make_node("Div", ["h", "sqrt2"], ["d"], name="div"),
+                 helper.make_node("Erf", ["d"], ["e"], name="erf"),
+                 helper.make_node("Mul", ["h", extra], ["half"], name="half"),
+                 helper.make_node("Add", ["e", "one"], ["e1"], name="plus"),
+                 helper.make_node("Mul", ["half", "e1"], ["y"], name="out")]
+        return make_model(nodes, [("x", F, (4, 6))], [("y", F, None)],
+                          [("w", rand((6, 5))), ("sqrt2", np.array(1.4142135, np.float32)),
+                           ("one", np.array(1.0, np.float32)),
+                           ("c", np.array(0.5, np.float32))])
+    model = gelu("c")
+    graph = load_graph(model)
+    assert [[n.name for n in g] for g in P.fusion_groups(graph)] == [
+        ["mm"], ["div", "erf", "plus", "half", "out"]]
+    x = rand((4, 6))
+    (got,) = run_program(lower_graph(graph), {"x": x})
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    # "half" reads a Softmax computed after the erf's group started: it cannot move there
+    nodes = list(gelu("c").graph.node)
+    nodes.insert(3, helper.make_node("Softmax", ["h"], ["sm"], name="sm"))
+    nodes[4] = helper.make_node("Mul", ["h", "sm"], ["half"], name="half")
+    model = make_model(nodes, [("x", F, (4, 6))], [("y", F, None)],
+                       list((i.name, numpy_helper.to_array(i))
+                            for i in gelu("c").graph.initializer))
+    graph = load_graph(model)
+    groups = [[n.name for n in g] for g in P.fusion_groups(graph)]
+    assert ["div", "erf", "plus"] in groups and ["half", "out"] in groups, groups
+    (got,) = run_program(lower_graph(graph), {"x": x})
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
 def _ensure_flatten(monkeypatch):
     load_lowerings()
     if "Flatten" not in REGISTRY:  # the shape lowerings may not be there yet
