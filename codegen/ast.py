@@ -36,13 +36,13 @@ from polyc.errors import InternalError
 from polyc.ir import Kernel
 
 #: mark ids that carry a decision of the scheduler into the AST
-LOOP_MARKS = ("parallel", "simd")
+LOOP_MARKS = ("parallel", "simd", "reduce")
 #: the prefix of an unroll mark, ``unroll:4`` (unroll by 4: a loop pragma)
 UNROLL = "unroll:"
 
 
 def is_loop_mark(name: str) -> bool:
-    """``parallel``, ``simd`` or ``unroll:<factor>``."""
+    """``parallel``, ``simd``, ``reduce`` or ``unroll:<factor>``."""
     return name in LOOP_MARKS or (name.startswith(UNROLL) and name[len(UNROLL):].isdigit())
 _ITERATOR = re.compile(r"polyc_c([0-9]+)")
 

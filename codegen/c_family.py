@@ -76,6 +76,7 @@ from .c_expr import (
     compute_ctype,
     clamped_narrowing,
     isl_expr,
+    literal,
     load,
     loop_var,
     store,
@@ -501,6 +502,8 @@ class _Walker:
             decl = [cgen.Statement(f"const {self.dialect.index_type} {var} = {init}")] if used else []
             return [cgen.Block(decl + body)]
         kinds = {kind for kind, d in pending if d == depth}  # marks of a band at this depth
+        if "reduce" in kinds and self.dialect.simd_pragma and self.options.vectorize:
+            return self._vector_reduction(n, var, in_parallel)
         parallel = "parallel" in kinds and not in_parallel
         pragmas = self.dialect.loop_pragmas(parallel, "simd" in kinds, self.options)
         parallel = parallel and any("parallel" in p for p in pragmas)
@@ -524,6 +527,43 @@ class _Walker:
                         self._isl(n.for_get_cond()).text,
                         f"{var} += {self._isl(n.for_get_inc()).text}", _block(body))
         return [cgen.Pragma(p) for p in pragmas] + [loop]
+
+    def _vector_reduction(self, n: isl.AstNode, var: str,
+                          in_parallel: bool) -> list[cgen.Generable]:
+        """A loop marked ``reduce`` (:func:`polyc.schedule.vector.reduction_member`: one
+        max or min statement whose element stays put) as an OpenMP SIMD reduction::
+
+            { float polyc_red = -INFINITY;
+              #pragma omp simd reduction(max:polyc_red)
+              for (...) polyc_red = polyc_fmaxf(polyc_red, X[...]);
+              mx[...] = polyc_fmaxf(mx[...], polyc_red); }
+
+        Each lane folds its terms from the identity and the lanes combine at the end:
+        the same maximum as the loop in order (its float start is that identity too),
+        up to the sign of a zero result."""
+        body = n.for_get_body()
+        call = body.user_get_expr()
+        stmt = self.kernel.statement(call.get_op_arg(0).get_id().get_name())
+        values = {it: self._isl(call.get_op_arg(i + 1)).text
+                  for i, it in enumerate(stmt.iterators)}
+        dtype = self.kernel.array(stmt.write.array).dtype
+        outside = self.sym.printer(self.kernel, {it: f"({v})" for it, v in values.items()})
+        target = outside.element(stmt.write.array, stmt.write.indices)
+        red = "polyc_red"
+        self.promoted[stmt.write.array] = (red, [])
+        try:
+            inner = self.node(body, (), in_parallel)
+        finally:
+            del self.promoted[stmt.write.array]
+        identity = literal(float("-inf") if stmt.op == "max" else float("inf"), dtype)
+        it = self.dialect.index_type
+        loop = cgen.For(f"{it} {var} = {self._isl(n.for_get_init()).text}",
+                        self._isl(n.for_get_cond()).text,
+                        f"{var} += {self._isl(n.for_get_inc()).text}", _block(inner))
+        return [cgen.Block([
+            cgen.Statement(f"{compute_ctype(dtype)} {red} = {identity.text}"),
+            cgen.Pragma(f"{self.dialect.simd_pragma} reduction({stmt.op}:{red})"), loop,
+            cgen.Statement(update(stmt.op, target, Piece(red), dtype))])]
 
     def _exit(self, n: isl.AstNode, iterator: str, var: str) -> list[cgen.Generable]:
         """``if (flag == 0) break;`` at the end of a step of a loop the kernel may leave

@@ -21,6 +21,7 @@ from .deps import Dependences
 from .errors import CompileError, ScheduleError
 from .ir import Access, Kernel, access_relation, params_prefix
 from .schedule import register_tile
+from .schedule.vector import REDUCE, reduce_mark_problem
 
 
 def check_accesses_in_bounds(kernel: Kernel) -> None:
@@ -125,6 +126,10 @@ def _check_marks(deps: Dependences, schedule: isl.Schedule, kernel: Kernel) -> N
         if name in ("parallel", "simd") and band.get_type() == isl.schedule_node_type.band:
             if not _member_is_parallel(band, coincidence):
                 problems.append(f"the loop marked {name!r} carries a dependence")
+        elif name == REDUCE and band.get_type() == isl.schedule_node_type.band:
+            why = reduce_mark_problem(band, kernel)
+            if why is not None:
+                problems.append(f"the loop marked {name!r} is no vector reduction: {why}")
         elif name.startswith(register_tile.REGISTER + ":"):
             why = register_tile.check_mark(node, kernel)
             if why is not None:

@@ -54,7 +54,7 @@ from .. import expr as E
 from ..ir import Kernel, fixed_bytes
 from ..options import Options
 from . import cache_blocks, fuse, machine, register_tile, tiling
-from .vector import best_member, member_iterators, stride_score
+from .vector import REDUCE, best_member, member_iterators, reduction_member, stride_score
 
 PARALLEL = "parallel"
 SIMD = "simd"
@@ -121,6 +121,11 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                 parallel_done: bool, tile: bool, fused: int | None = None
                 ) -> isl.ScheduleNode:
     marks_above = 0  # marks inserted above ``node``: climb back over them at the end
+    if REDUCE_ALONG_ROWS and options.vectorize and _is_leaf_band(node) \
+            and node.band_get_permutable():
+        r = reduction_member(node, kernel)
+        if r is not None:
+            return _vector_reduction(node, r, kernel, parallel_done)
     skewed = _is_skewed(node)
     inner, simd = _innermost_member(node, kernel) if _is_leaf_band(node) else (None, False)
     vec = inner if simd and options.vectorize else None
@@ -680,12 +685,33 @@ def _is_tiny(node: isl.ScheduleNode, kernel: Kernel) -> bool:
     return total < TINY_WORK
 
 
-def _mark_simd(node: isl.ScheduleNode) -> isl.ScheduleNode:
+def _mark_simd(node: isl.ScheduleNode, mark: str = SIMD) -> isl.ScheduleNode:
     """Split off the last member and mark it; returns the node at the original position."""
     n = node.band_n_member()
     last = tiling.split_last(node)
-    marked = last.insert_mark(isl.Id(SIMD))
+    marked = last.insert_mark(isl.Id(mark))
     return marked.parent() if n > 1 else marked
+
+
+#: a max or min reduction along rows runs its reduction as the vector loop when its
+#: rows are contiguous and across them would gather (:func:`_vector_reduction`)
+REDUCE_ALONG_ROWS = True
+
+
+def _vector_reduction(node: isl.ScheduleNode, r: int, kernel: Kernel,
+                      parallel_done: bool) -> isl.ScheduleNode:
+    """The band with its reduction member ``r`` (:func:`vector.reduction_member`)
+    innermost under a ``reduce`` mark, an OpenMP SIMD reduction over a scalar
+    accumulator, the other members outside it (the first parallel unless the work is
+    tiny). The BERT layer's softmax row maxima, 12 x 128 rows of 128: 0.24 -> 0.13 ms
+    for the whole softmax in a standalone harness, each vector loading 16 terms of a
+    row instead of gathering one term from each of 16 rows."""
+    order = [i for i in range(node.band_n_member()) if i != r] + [r]
+    node = _mark_simd(tiling.permute_band(node, order), REDUCE)
+    if not parallel_done and node.get_type() == isl.schedule_node_type.band \
+            and tiling.coincident_flags(node)[0] and not _is_tiny(node, kernel):
+        node = node.insert_mark(isl.Id(PARALLEL))
+    return node
 
 
 def _byte_group(node: isl.ScheduleNode, kernel: Kernel, vec: int | None) -> int | None:

@@ -75,3 +75,96 @@ def best_member(kernel: Kernel, node: isl.ScheduleNode, members) -> tuple[int | 
         if score > 0 and score >= best[1]:
             best = (i, score)
     return best
+
+
+# -- vector reductions ----------------------------------------------------------------------
+
+#: the mark of a loop run as an OpenMP SIMD reduction (``polyc.codegen.c_family``)
+REDUCE = "reduce"
+#: the reductions whose terms may combine in any order: exactly, for these types (a float
+#: max or min differs at most in the sign of a zero result, as numpy's own may)
+_ORDER_FREE = ("max", "min")
+_REDUCIBLE = ("float32", "float64", "int32", "int64")
+#: the value a max / min reduction of floats must start from (:func:`reduction_member`)
+_IDENTITY = {"max": float("-inf"), "min": float("inf")}
+
+
+def reduction_member(node: isl.ScheduleNode, kernel: Kernel) -> int | None:
+    """The member of a leaf band to run innermost as a vector reduction: for a band over
+    one max or min reduction (``mx(n) max=! X(n,d)``) with one reduction member that
+    walks the last index of every read mentioning it with unit stride, and no
+    coincident member that does -- vectorized across ``n``, each lane loads from
+    another row (a softmax's row maxima: a gather per vector). None otherwise."""
+    names = member_iterators(node, 0)
+    if len(names) != 1:
+        return None
+    (name,) = names
+    s = kernel.statement(name)
+    if reduce_problem(s, kernel) is not None:
+        return None
+    flags = [node.band_member_get_coincident(i) for i in range(node.band_n_member())]
+    its = [member_iterators(node, i).get(name) for i in range(node.band_n_member())]
+    reductions = [i for i, f in enumerate(flags) if not f]
+    if len(reductions) != 1 or its[reductions[0]] is None:
+        return None
+    r = reductions[0]
+    walked = [a for a in s.reads if a.array != s.write.array
+              and any(its[r] in E.free_names(ix)[0] for ix in a.indices)]
+    if not walked or any(_access_score(a, its[r]) != 1 or not _unit(a.indices[-1], its[r])
+                         for a in walked):
+        return None
+    if any(it is not None and all(_access_score(a, it) == 1 for a in walked)
+           for i, it in enumerate(its) if flags[i]):
+        return None
+    return r
+
+
+def reduce_problem(s, kernel: Kernel) -> str | None:
+    """Why statement ``s`` may not run its reduction loop as a vector reduction, or None:
+    it must be a max or min of a 32- or 64-bit number reading its accumulator only as
+    the element it updates, and a float one must start from the identity (its only
+    other writer an init statement of that constant: a NaN start would not survive)."""
+    dtype = kernel.array(s.write.array).dtype
+    if s.op not in _ORDER_FREE or dtype not in _REDUCIBLE or not s.write.is_affine:
+        return f"{s.name} is no max or min reduction of a 32- or 64-bit number"
+    if any(r.array == s.write.array and tuple(r.indices) != tuple(s.write.indices)
+           for r in E.reads(s.value)):
+        return f"{s.name} reads its accumulator at another element"
+    if dtype.startswith("float"):
+        writers = [t for t in kernel.statements if t.write.array == s.write.array
+                   and t.name != s.name]
+        if len(writers) != 1 or writers[0].kind != "init" or writers[0].op != "=" \
+                or not isinstance(writers[0].value, E.Const) \
+                or float(writers[0].value.value) != _IDENTITY[s.op]:
+            return f"{s.name} does not start from {_IDENTITY[s.op]}"
+    return None
+
+
+def reduce_mark_problem(band: isl.ScheduleNode, kernel: Kernel) -> str | None:
+    """Why the one-member ``band`` under a :data:`REDUCE` mark may not run as a vector
+    reduction, or None: it runs one statement (:func:`reduce_problem`) whose write does
+    not move with the loop. The dependences it carries are then the reduction's own,
+    through the element it updates, whose terms combine in any order."""
+    if band.band_n_member() != 1:
+        return "the marked band has several members"
+    names = member_iterators(band, 0)
+    if len(names) != 1 or None in names.values():
+        return "the marked loop runs several statements, or none as one iterator"
+    ((name, it),) = names.items()
+    s = kernel.statement(name)
+    if any(it in E.free_names(ix)[0] for ix in s.write.indices):
+        return f"{name} writes another element at each step"
+    return reduce_problem(s, kernel)
+
+
+def _unit(index: E.Expr, it: str) -> bool:
+    """``index`` is ``it`` plus terms without it (coefficient 1)."""
+    if isinstance(index, E.Index):
+        return index.name == it
+    if isinstance(index, E.Binary) and index.op in ("+", "-"):
+        a, b = (it in E.free_names(index.a)[0]), (it in E.free_names(index.b)[0])
+        if a and not b:
+            return _unit(index.a, it)
+        if b and not a and index.op == "+":
+            return _unit(index.b, it)
+    return False
