@@ -188,6 +188,9 @@ CONVS = {
     "1x1-padded-rows": ((1, 8, 3, 5), (256, 8, 1, 1), {}),
     "dilated-wide": ((1, 8, 12, 11), (24, 8, 3, 3), dict(pads=[2, 1, 2, 1],
                                                           dilations=[2, 2])),
+    # an RGB stem: its input padded to whole quads with the zero point (QUAD_INPUT)
+    "7x7-stride2-rgb": ((1, 3, 23, 21), (16, 3, 7, 7), dict(pads=[3, 3, 3, 3],
+                                                             strides=[2, 2])),
 }
 
 
@@ -226,6 +229,7 @@ def test_qlinearconv_on_dot_products(both_paths, case, x_type):
     assert bool(re.search(r"polyc_vnni_\w+_s\(&", dot.c_source)) == channel_last
     in_place = channel_last and case in ("1x1", "1x1-wide", "1x1-padded-rows")
     assert ("_patches" in dot.c_source) == (not in_place)
+    assert ("_quads" in dot.c_source) == (channel_last and x_shape[1] % 4 != 0)
     # constant scales: the multiplier is computed at compile time, not per element
     assert "_multiplier[" in dot.c_source
     info = np.iinfo(np.uint8 if x_type == TensorProto.UINT8 else np.int8)
