@@ -432,6 +432,10 @@ def test_quantize_clamps_before_rounding_exactly(dt, zero, monkeypatch, tmp_path
         out = compiled(x)
         results.append(np.asarray(out[0] if isinstance(out, (tuple, list)) else out))
     np.testing.assert_array_equal(results[0], results[1])
+    # the CUDA target prints the same expression (c_expr's printer), run by the emulation
+    monkeypatch.setattr(c_expr, "CLAMP_BEFORE_ROUNDING", True)
+    gpu = polyc.compile_onnx(model, target="cuda", emulate=True).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(gpu, results[1])
     finite = np.isfinite(x)
     want = np.clip(np.rint(x.astype(np.float64) / scale) + zero, info.min, info.max)
     np.testing.assert_array_equal(results[1][finite], want[finite].astype(npdt))

@@ -168,6 +168,21 @@ def test_fuzz_slice(cache_dir, monkeypatch, target, first, count):
     assert not failures, "\n\n".join(failures)
 
 
+def test_sizes_dependent_access_refusal_is_an_invalid_case(cache_dir, monkeypatch):
+    """Seed 7025 on the CUDA target (H200 campaign): ``B(i + 1, i - 1)`` guarded on its
+    rows only reaches past ``B``'s columns when ``N > Q + 2``. Compiled for symbolic sizes,
+    polyc refuses it, rightly: an invalid case, not a failure. Specialised to the drawn
+    sizes (where it is in bounds), it compiles and agrees with the interpreter."""
+    from dataclasses import replace
+    monkeypatch.setenv("POLYC_FUZZ_TARGET", "cuda")
+    case = G.case(7025)
+    assert case.options["specialize"] is False
+    out = S.execute(case)
+    assert out.kind == "invalid" and "out of bounds" in out.message, out.message
+    out = S.execute(replace(case, options={**case.options, "specialize": True}))
+    assert out.kind == "ok", out.message
+
+
 #: the schedule workbench's slice: random primitive sequences (tests/fuzz/workbench.py)
 WORKBENCH_SEED, WORKBENCH_N, WORKBENCH_STEPS = 200, 25, 6
 

@@ -64,6 +64,18 @@ def test_row_max_is_the_in_order_loops(n, d, scheduler, tile, monkeypatch, tmp_p
                                atol=1e-7)
 
 
+def test_the_cuda_target_is_untouched(monkeypatch, tmp_path):
+    """The CUDA target maps its own schedule (no ``reduce`` mark): the emulated softmax
+    gives the C target's row maxima, and a softmax within rounding."""
+    x = _rows(37, 300, 9)
+    _, want = _run(SOFTMAX, [x], monkeypatch, tmp_path, True)
+    text, got = _run(SOFTMAX, [x], monkeypatch, tmp_path / "cuda", True, target="cuda",
+                     emulate=True)
+    assert "reduction(" not in text
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-7)
+
+
 def test_integer_row_min_and_specialised_sizes(monkeypatch, tmp_path):
     a = np.random.default_rng(3).integers(-2**31, 2**31 - 1, (3, 7, 45), dtype=np.int32)
     for specialize in (False, True):
