@@ -457,8 +457,7 @@ class BodyPrinter:
         # int conversion into mask registers (a QDQ residual sum 0.33 -> 0.25 ms)
         y, c = rounded
         rint = float_fn("rint", t)
-        literal_c = c.x if isinstance(c, E.Cast) else c
-        if c is None or isinstance(literal_c, E.Const) and literal_c.value == 0:
+        if c is None:
             return call(rint, call(fn, self.expr(y, t), self.expr(lo, t), self.expr(hi, t)))
         cp = self.expr(c, t)
         bound = [binary("-", self.expr(b, t), cp) for b in (lo, hi)]
@@ -1029,8 +1028,8 @@ CLAMP_BEFORE_ROUNDING = True
 
 def _rounded_sum(x: E.Expr, dtype_of) -> tuple[E.Expr, E.Expr | None] | None:
     """``(y, c)`` when ``x`` is ``round(y) + c`` (or ``c + round(y)``; ``c`` None for a
-    bare ``round(y)``) with ``c`` an integer of at most 16 bits: a literal, or a value of
-    an integer type that narrow (a zero point); else None."""
+    bare ``round(y)`` or a literal zero) with ``c`` an integer of at most 16 bits: a
+    literal, or a value of an integer type that narrow (a zero point); else None."""
     def bare(e):  # without a conversion to its own type
         return e.x if isinstance(e, E.Cast) and e.dtype == dtype_of(e.x) else e
 
@@ -1052,7 +1051,9 @@ def _rounded_sum(x: E.Expr, dtype_of) -> tuple[E.Expr, E.Expr | None] | None:
     if isinstance(x, E.Binary) and x.op == "+":
         for r, c in ((x.a, x.b), (x.b, x.a)):
             if is_round(r) and small_integer(c):
-                return bare(r).args[0], c
+                literal = c.x if isinstance(c, E.Cast) else c
+                zero = isinstance(literal, E.Const) and literal.value == 0
+                return bare(r).args[0], None if zero else c
     return None
 
 

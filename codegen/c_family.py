@@ -502,7 +502,8 @@ class _Walker:
             decl = [cgen.Statement(f"const {self.dialect.index_type} {var} = {init}")] if used else []
             return [cgen.Block(decl + body)]
         kinds = {kind for kind, d in pending if d == depth}  # marks of a band at this depth
-        if "reduce" in kinds and self.dialect.simd_pragma and self.options.vectorize:
+        if "reduce" in kinds and self.dialect.simd_pragma and self.options.vectorize \
+                and n.for_get_body().get_type() == isl.ast_node_type.user:
             return self._vector_reduction(n, var, in_parallel)
         parallel = "parallel" in kinds and not in_parallel
         pragmas = self.dialect.loop_pragmas(parallel, "simd" in kinds, self.options)
@@ -523,15 +524,19 @@ class _Walker:
                     for node in [cgen.Pragma(p) for p in pragmas] + [cgen.For(
                         f"{self.dialect.index_type} {var} = {a}", f"{var} <= {b}",
                         f"{var} += 1", _block(body))]]
-        loop = cgen.For(f"{self.dialect.index_type} {var} = {self._isl(n.for_get_init()).text}",
+        return [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, body)]
+
+    def _loop(self, n: isl.AstNode, var: str, body: list[cgen.Generable]) -> cgen.For:
+        """The loop of the AST's ``for`` node ``n`` as written, around ``body``."""
+        return cgen.For(f"{self.dialect.index_type} {var} = {self._isl(n.for_get_init()).text}",
                         self._isl(n.for_get_cond()).text,
                         f"{var} += {self._isl(n.for_get_inc()).text}", _block(body))
-        return [cgen.Pragma(p) for p in pragmas] + [loop]
 
     def _vector_reduction(self, n: isl.AstNode, var: str,
                           in_parallel: bool) -> list[cgen.Generable]:
         """A loop marked ``reduce`` (:func:`polyc.schedule.vector.reduction_member`: one
-        max or min statement whose element stays put) as an OpenMP SIMD reduction::
+        max or min statement whose element stays put) whose body is that statement, as
+        an OpenMP SIMD reduction (any other body, a guard, runs as the plain loop)::
 
             { float polyc_red = -INFINITY;
               #pragma omp simd reduction(max:polyc_red)
@@ -556,13 +561,10 @@ class _Walker:
         finally:
             del self.promoted[stmt.write.array]
         identity = literal(float("-inf") if stmt.op == "max" else float("inf"), dtype)
-        it = self.dialect.index_type
-        loop = cgen.For(f"{it} {var} = {self._isl(n.for_get_init()).text}",
-                        self._isl(n.for_get_cond()).text,
-                        f"{var} += {self._isl(n.for_get_inc()).text}", _block(inner))
         return [cgen.Block([
             cgen.Statement(f"{compute_ctype(dtype)} {red} = {identity.text}"),
-            cgen.Pragma(f"{self.dialect.simd_pragma} reduction({stmt.op}:{red})"), loop,
+            cgen.Pragma(f"{self.dialect.simd_pragma} reduction({stmt.op}:{red})"),
+            self._loop(n, var, inner),
             cgen.Statement(update(stmt.op, target, Piece(red), dtype))])]
 
     def _exit(self, n: isl.AstNode, iterator: str, var: str) -> list[cgen.Generable]:

@@ -66,7 +66,7 @@ from ..ir import (QUAD_LANES, Kernel, Statement, access_relation, element_iterat
                   quad_dot)
 from ..options import Options
 from . import machine, tiling
-from .vector import member_iterators
+from .vector import member_iterators, unit_last
 
 REGISTER = "register"
 SIMD = "simd"
@@ -330,7 +330,7 @@ def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -
            for a in E.reads(s.value)):
         return None
     walked = [a for a in reads if any(its[r] in E.free_names(ix)[0] for ix in a.indices)]
-    if not walked or not all(_unit_last(a, its[r]) for a in walked):
+    if not walked or not all(unit_last(a, its[r]) for a in walked):
         return None
 
     def served(i: int) -> set[int]:
@@ -413,22 +413,6 @@ def dot_shape(ext_u: int | None, ext_v: int | None) -> tuple[int, int]:
             if best is None or key < best[0]:
                 best = (key, (mr, nr))
     return best[1] if best else default
-
-
-def _unit_last(access: E.Read, it: str) -> bool:
-    """``it`` appears in the last index of ``access`` only, with coefficient 1 (an
-    affine index without ``//`` or ``%``)."""
-    if any(it in E.free_names(ix)[0] for ix in access.indices[:-1]):
-        return False
-    last = access.indices[-1]
-    if not E.is_affine(last) or any(isinstance(x, E.Binary) and x.op in ("//", "%")
-                                    for x in E.walk(last)):
-        return False
-    idx, sizes = E.free_names(last)
-    env = dict.fromkeys(idx | sizes, 0)
-    base = E.evaluate(last, env)
-    env[it] = 1
-    return E.evaluate(last, env) - base == 1
 
 
 def _one_statement(node: isl.ScheduleNode, kernel: Kernel

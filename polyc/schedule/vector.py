@@ -12,7 +12,7 @@ from __future__ import annotations
 import islpy as isl
 
 from .. import expr as E
-from ..ir import Access, Kernel, quad_dot
+from ..ir import Access, Kernel, Statement, quad_dot
 
 NOT_A_LOOP = -10**6
 
@@ -77,6 +77,22 @@ def best_member(kernel: Kernel, node: isl.ScheduleNode, members) -> tuple[int | 
     return best
 
 
+def unit_last(access: Access | E.Read, it: str) -> bool:
+    """``it`` appears in the last index of ``access`` only, with coefficient 1 (an
+    affine index without ``//`` or ``%``)."""
+    if any(it in E.free_names(ix)[0] for ix in access.indices[:-1]):
+        return False
+    last = access.indices[-1]
+    if not E.is_affine(last) or any(isinstance(x, E.Binary) and x.op in ("//", "%")
+                                    for x in E.walk(last)):
+        return False
+    idx, sizes = E.free_names(last)
+    env = dict.fromkeys(idx | sizes, 0)
+    base = E.evaluate(last, env)
+    env[it] = 1
+    return E.evaluate(last, env) - base == 1
+
+
 # -- vector reductions ----------------------------------------------------------------------
 
 #: the mark of a loop run as an OpenMP SIMD reduction (``polyc.codegen.c_family``)
@@ -110,8 +126,7 @@ def reduction_member(node: isl.ScheduleNode, kernel: Kernel) -> int | None:
     r = reductions[0]
     walked = [a for a in s.reads if a.array != s.write.array
               and any(its[r] in E.free_names(ix)[0] for ix in a.indices)]
-    if not walked or any(_access_score(a, its[r]) != 1 or not _unit(a.indices[-1], its[r])
-                         for a in walked):
+    if not walked or not all(unit_last(a, its[r]) for a in walked):
         return None
     if any(it is not None and all(_access_score(a, it) == 1 for a in walked)
            for i, it in enumerate(its) if flags[i]):
@@ -119,7 +134,7 @@ def reduction_member(node: isl.ScheduleNode, kernel: Kernel) -> int | None:
     return r
 
 
-def reduce_problem(s, kernel: Kernel) -> str | None:
+def reduce_problem(s: Statement, kernel: Kernel) -> str | None:
     """Why statement ``s`` may not run its reduction loop as a vector reduction, or None:
     it must be a max or min of a 32- or 64-bit number reading its accumulator only as
     the element it updates, and a float one must start from the identity (its only
@@ -155,16 +170,3 @@ def reduce_mark_problem(band: isl.ScheduleNode, kernel: Kernel) -> str | None:
     if any(it in E.free_names(ix)[0] for ix in s.write.indices):
         return f"{name} writes another element at each step"
     return reduce_problem(s, kernel)
-
-
-def _unit(index: E.Expr, it: str) -> bool:
-    """``index`` is ``it`` plus terms without it (coefficient 1)."""
-    if isinstance(index, E.Index):
-        return index.name == it
-    if isinstance(index, E.Binary) and index.op in ("+", "-"):
-        a, b = (it in E.free_names(index.a)[0]), (it in E.free_names(index.b)[0])
-        if a and not b:
-            return _unit(index.a, it)
-        if b and not a and index.op == "+":
-            return _unit(index.b, it)
-    return False
