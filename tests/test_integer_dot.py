@@ -464,6 +464,22 @@ def test_byte_dot_product_calls_the_vnni_micro_kernel(layout, tmp_path):
     np.testing.assert_array_equal(plain(x, w), want)
 
 
+def test_vnni_micro_kernel_prefetches_its_lanes_stream():
+    """Each step of a VNNI micro-kernel prefetches the lanes of a step some way ahead
+    (the weight runs one row apart that the hardware prefetcher leaves exposed when a
+    layer's weights are larger than the L2), one line per vector, and no further ahead
+    than a few hundred cycles of work (a prefetch past the end never faults)."""
+    from polyc.codegen.c_expr import vnni_kernel, vnni_prefetch_steps
+    for mr, nv, xs in [(7, 3, 2112), (6, 4, 320), (1, 1, 64)]:
+        text = vnni_kernel(mr, nv, xs, 4, 4608)
+        ahead = vnni_prefetch_steps(mr, nv)
+        assert 4 <= ahead <= 64
+        lines = [ln for ln in text.splitlines() if "_mm_prefetch" in ln]
+        assert [f"x + {ahead * xs + 64 * j})" in ln for j, ln in enumerate(lines)] \
+            == [True] * nv
+    assert vnni_prefetch_steps(7, 3) > vnni_prefetch_steps(8, 4)  # fewer cycles a step
+
+
 def test_byte_dot_product_form():
     """``polyc.ir.quad_dot`` takes exactly the four products of a lane, uint8 times
     int8 (either order), the lanes walking the index before the group of four."""
