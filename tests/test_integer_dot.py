@@ -475,7 +475,7 @@ def test_vnni_micro_kernel_prefetches_its_lanes_stream():
         ahead = vnni_prefetch_steps(mr, nv)
         assert 4 <= ahead <= 64
         lines = [ln for ln in text.splitlines() if "_mm_prefetch" in ln]
-        assert [f"x + {ahead * xs + 64 * j})" in ln for j, ln in enumerate(lines)] \
+        assert [f"x + {ahead * xs + 64 * j}," in ln for j, ln in enumerate(lines)] \
             == [True] * nv
     assert vnni_prefetch_steps(7, 3) > vnni_prefetch_steps(8, 4)  # fewer cycles a step
 
