@@ -630,6 +630,17 @@ def _taps(ctx: LowerContext, x: str, win: Window, o: list[str]) -> list[str]:
     return out
 
 
+def _summed_wide(taps: list[str], dt: str) -> tuple[list[str], str]:
+    """Unrolled taps to sum, and the type they are summed in: float16 and bfloat16 taps
+    as float32 (rounded once, at the store), as the reduction form of the same pool is
+    (:mod:`polyc.widen`) and as numpy and onnxruntime sum them; a sum in float16 rounds
+    at every addition (ResNet-50's 7x7 average pool: 48 roundings, 9x slower)."""
+    d = D.get(dt)
+    if not d.storage_only:
+        return taps, dt
+    return [f"{d.compute}({t})" for t in taps], d.compute
+
+
 def _tree(terms: list[str], combine) -> str:
     """``terms`` combined pairwise into a balanced tree (independent operations)."""
     while len(terms) > 1:
@@ -726,8 +737,9 @@ def average_pool(node: Node, ctx: LowerContext) -> Lowered:
     stmts = [f"{target} +=! {xread}{where(nc + rs + ranges[2 + k:])}" for rs in out_sets]
     if box is not None:
         # inside the input every window counts all its taps
-        total = literal(float(np.prod(win.kernel)), dt)
-        value = _tree(_taps(ctx, x, win, o), lambda a, b: f"({a} + {b})")
+        taps, wide = _summed_wide(_taps(ctx, x, win, o), dt)
+        total = literal(float(np.prod(win.kernel)), wide)
+        value = _tree(taps, lambda a, b: f"({a} + {b})")
         inner = f"{target} = ({value}) / {total}" \
             f"{where(nc + [(o[d], *box[d]) for d in range(k)])}"
         stmts = _shape_first(win, box, stmts, inner)
@@ -780,11 +792,14 @@ def _global_pool(node: Node, ctx: LowerContext, op: str) -> Lowered:
         # loop-carried chain through the accumulator
         taps = [read(ctx.name(x), ["n", "c"] + [str(i) for i in pos])
                 for pos in np.ndindex(*xs[2:])]
+        wide = dt
+        if op == "+":
+            taps, wide = _summed_wide(taps, dt)
         combine = (lambda a, b: f"({a} + {b})") if op == "+" else \
             (lambda a, b: f"{op}({a}, {b})")
         value = _tree(taps, combine)
         if op == "+":
-            value = f"({value}) / {literal(float(np.prod(xs[2:])), dt)}"
+            value = f"({value}) / {literal(float(np.prod(xs[2:])), wide)}"
         return Lowered([f"{target} = {value}{where(ranges[:2 + k])}"])
     stmts = [f"{target} {op}=! {read(ctx.name(x), ['n', 'c'] + r)}{where(ranges)}"]
     if op == "+":
