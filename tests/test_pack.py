@@ -6,6 +6,7 @@ that are not multiples of the block or of the register tile, on every scheduler 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -144,10 +145,51 @@ def test_sanitizers():
         f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-5000:]}"
 
 
+NT = "def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }"
+SYRK = """
+def syrk(float(N,N) C_in, float(N,M) A) -> (float(N,N) C) {
+    C(i,j) = (j <= i) ? 1.2 * C_in(i,j) : C_in(i,j)
+    C(i,j) += 1.5 * A(i,k) * A(j,k) where exists A(i - j, k)
+}"""
+
+
+def _syrk_ref(c, a):
+    return np.where(np.tri(len(c), dtype=bool), 1.2 * c + 1.5 * (a @ a.T), c)
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items())
+                         or "default")
+@pytest.mark.parametrize("case", ["nt", "syrk"])
+def test_transposed_operand_packed(case, opts, small_thresholds):
+    """An operand read along the reduction (``B(n, k)``; syrk's ``A(j, k)`` beside its
+    untouched ``A(i, k)``, over a triangle) is packed transposed, its blocks walked by
+    the column tile: the same sums as numpy's, partial blocks and rows included."""
+    if case == "nt":
+        op = _run(NT, [(37, 53), (2 * 64 + 63, 53)], lambda a, b: a @ b.T, **opts)
+        assert "B_packed[(nb * K + d0) * " in op.c_source
+        if set(opts) <= {"threads"}:  # the default schedule: the column tile (rows x
+            # lanes), not the dot form's rows of scalar sums
+            assert re.search(r"float polyc_acc\[\d+\]\[\d+\]", op.c_source)
+    else:
+        op = _run(SYRK, [(150, 150), (150, 41)], _syrk_ref, **opts)
+        assert "A_packed[(nb * M + d0) * " in op.c_source
+        assert "A[i * M + k]" in op.c_source  # the other read keeps A itself
+    assert _packed(op)
+
+
+def test_transposed_pack_keeps_each_sum_in_order(small_thresholds):
+    """The column tile over the transposed pack adds each sum's terms in ``k`` order,
+    as the untiled loop does: bit for bit the same float64 results."""
+    exact = polyc.Options().cflags + ("-ffp-contract=off",)
+    c, a = random_inputs([((90, 90), "float64"), ((90, 77), "float64")], 3)
+    src = SYRK.replace("float(", "double(")
+    got = polyc.define(src, options=polyc.Options(cflags=exact))(c, a)
+    plain = polyc.define(src, options=polyc.Options(register_tile=False, tile=False,
+                                                    pack=False, cflags=exact))(c, a)
+    np.testing.assert_array_equal(got, plain)
+
+
 @pytest.mark.parametrize("src,shapes", [
-    # B's last index is not the result's column: a transposed operand
-    ("def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
-     [(20, 30), (150, 30)]),
     # no reduction: nothing to reuse
     ("def f(float(M,N) A, float(M,N) B) -> (C) { C(m,n) = A(m,n) * B(m,n) }",
      [(20, 150), (20, 150)]),
@@ -205,3 +247,18 @@ def test_onnx_matmul_of_two_inputs_is_packed(small_thresholds, tmp_path):
         m = polyc.compile_onnx(model, options=polyc.Options(cache_dir=str(tmp_path), **opts))
         assert "_packed[" in m.c_source
         assert_matches_numpy(m.run(None, {"a": a, "b": b})[0], a @ b, **TOL)
+
+
+def test_every_transposed_operand_packed(small_thresholds):
+    """syr2k reads two operands along the reduction (``A(j,k)``, ``B(j,k)``): both are
+    packed, or the column tile would walk one of them strided."""
+    src = """
+    def syr2k(float(N,N) C_in, float(N,M) A, float(N,M) B) -> (float(N,N) C) {
+        C(i,j) = (j <= i) ? 1.2 * C_in(i,j) : C_in(i,j)
+        C(i,j) += A(j,k) * 1.5 * B(i,k) + B(j,k) * 1.5 * A(i,k) where exists A(i - j, k)
+    }"""
+    for opts in (dict(), dict(threads=2), dict(scheduler="pluto")):
+        op = _run(src, [(130, 130), (130, 37), (130, 37)],
+                  lambda c, a, b: np.where(np.tri(len(c), dtype=bool),
+                                           1.2 * c + 1.5 * (b @ a.T + a @ b.T), c), **opts)
+        assert "A_packed[" in op.c_source and "B_packed[" in op.c_source

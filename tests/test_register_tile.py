@@ -158,8 +158,10 @@ def gemm_tb(float(M,K) A, float(N,K) B) -> (C) {
 def test_reduction_innermost_gets_dot_rows(src, shapes, ref):
     """No column-form tile (no stride-1 parallel loop to vectorize): a rank-1 write or
     a reduction walking both operands contiguously gets the dot-product form instead,
-    rows only for a float sum (``register_tile.plan_dot``), and no ``simd`` loop."""
-    op = _define(src)
+    rows only for a float sum (``register_tile.plan_dot``), and no ``simd`` loop.
+    (Without ``pack=False`` the second operand of ``gemm_tb`` is packed transposed and
+    the column tile runs over it: ``test_pack.test_transposed_operand_packed``.)"""
+    op = _define(src, pack=False)
     _check(op, shapes, ref)
     marks = _register_marks(op)
     assert marks and '"simd"' not in str(op.schedule)
