@@ -43,6 +43,7 @@ int32 in one loop and narrows them in a second (gcc vectorizes both).
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,8 @@ class CDialect:
     #: a byte dot product's register tile may be written with x86 VNNI intrinsics
     #: (behind ``#if``: the plain loop where the compiler's target lacks them)
     vnni_intrinsics = True
+    #: a float register tile may prefetch its next weight panel (``__builtin_prefetch``)
+    panel_prefetch = True
 
     #: the pragma that unrolls the next loop by a factor (``{}``); "" for none
     unroll_pragma = "GCC unroll {}"
@@ -314,6 +317,8 @@ class _Walker:
             inner = self.node(body, pending, in_parallel)
             if p.quad and self.dialect.vnni_intrinsics and self.options.vectorize:
                 inner = self._quad_variant(p, kept, body, inner)
+            elif not p.quad and self.dialect.panel_prefetch and PANEL_PREFETCH:
+                inner = self._panel_prefetch(p, kept, body, inner)
         finally:
             del self.promoted[p.array]
         start = load(dtype, stored).text
@@ -335,6 +340,105 @@ class _Walker:
         code = [c for i, c in enumerate(code)  # an epilogue may not need every corner
                 if i == 0 or _mentions(text, f"polyc_lo{i - 1}")]
         return [cgen.Block(code + rest)]
+
+    def _panel_prefetch(self, p: Promotion, kept: list[int], body: isl.AstNode,
+                        inner: list[cgen.Generable]) -> list[cgen.Generable]:
+        """``inner`` (the register tile's loops) with a prefetch of the next weight
+        panel at each step of its innermost reduction loop::
+
+            for (k ...) {
+              __builtin_prefetch((const void *)((uintptr_t)&W[<this step, lane 0>]
+                                 + PANEL + 64 * ((k + polyc_lo<row>) % LINES)), 0, 3);
+              <the rows' vector loops>
+            }
+
+        ``W`` is the operand the vector loop walks and the rows do not (a conv's or a
+        blocked MatMul's weights ``W(nb, .., k, ni)``, a Winograd product's
+        ``U(pos, nb, k, ni)``): the next panel, the one the thread's next column block
+        reads, starts ``PANEL`` bytes on (the stride of its innermost block index). Only
+        where the tile sums its whole reduction (a reduction tile's next chunk, not the
+        next panel, would come next: ResNet-50's stride-2 3x3 conv lost 15% at 2 threads
+        prefetching the wrong one, the Winograd products as much prefetching along
+        ``pos``). Each step prefetches
+        one of the ``LINES`` cache lines of its run, a different one for each row tile,
+        so that a panel's row tiles after the first fetch the next panel while the first
+        row tile of each panel would otherwise wait for its weights: measured on a Zen 5
+        EPYC, MobileNetV2's 7x7 1x1 320 -> 1280 conv (20 panels of 80 KB, 7 row tiles
+        each) 0.23 -> 0.19 ms. Prefetches do not fault; the address is computed as an
+        integer (no pointer past an array). ``inner`` unchanged where the shape differs."""
+        stmt = self.kernel.statement(p.stmt)
+        write = stmt.write.indices
+        cols = len(p.box) - 1
+        lane = write[cols]
+        rows = write[kept[0]] if len(kept) == 2 else None
+        if kept[-1] != cols or not isinstance(lane, E.Index) or \
+                (rows is not None and not isinstance(rows, E.Index)):
+            return inner
+        reductions = {it for it in stmt.iterators
+                      if not any(it in E.free_names(ix)[0] for ix in write)}
+        panel = [r for r in E.reads(stmt.value) if r.array != stmt.write.array
+                 and any(lane.name in E.free_names(ix)[0] for ix in r.indices)
+                 and (rows is None or not any(rows.name in E.free_names(ix)[0]
+                                              for ix in r.indices))]
+        if len(panel) != 1 or len(panel[0].indices) < 2:
+            return inner
+        w = panel[0]
+        blocks = [j for j, ix in enumerate(w.indices)
+                  if E.free_names(ix)[0] and not E.free_names(ix)[0] & reductions
+                  and lane.name not in E.free_names(ix)[0]]
+        if not blocks:
+            return inner
+        sizes = dict(self.kernel.fixed_sizes)
+        arr = self.kernel.array(w.array)
+        try:  # the next panel: one step of the innermost block index
+            item = D.itemsize(arr.dtype)
+            stride = item * math.prod(E.evaluate(x, sizes) for x in arr.shape[blocks[-1] + 1:])
+        except Exception:  # a symbolic size: no constant panel stride
+            return inner
+        loop = body  # the innermost reduction loop: the last of a chain of loops, each
+        while True:  # over its whole extent (a reduction tile's next chunk, not the next
+            if loop.get_type() != isl.ast_node_type.for_ or not _constant_bounds(loop):
+                return inner  # panel, would come next)
+            if loop.for_get_body().get_type() != isl.ast_node_type.for_:
+                break
+            loop = loop.for_get_body()
+        users = _user_calls(loop.for_get_body())
+        simd = _first_for(loop.for_get_body())
+        if not users or simd is None or any(
+                u.get_op_arg(0).get_id().get_name() != p.stmt for u in users):
+            return inner
+        k = loop.for_get_iterator().get_id().get_name()
+        v = simd.for_get_iterator().get_id().get_name()
+        args = {it: users[0].get_op_arg(i + 1) for i, it in enumerate(stmt.iterators)}
+        saved = self.isl_names.get(v)
+        try:
+            self.isl_names[v] = "polyc_no_loop_variable"
+            values = {it: self._isl(a).text for it, a in args.items()
+                      if it != lane.name and (rows is None or it != rows.name)}
+            kname = self._isl(loop.for_get_iterator()).text
+        finally:
+            if saved is None:
+                del self.isl_names[v]
+            else:
+                self.isl_names[v] = saved
+        if any("polyc_no_loop_variable" in x for x in values.values()):
+            return inner
+        values[lane.name] = f"polyc_lo{cols}"
+        if rows is not None:
+            values[rows.name] = f"polyc_lo{kept[0]}"
+        lines = max(1, p.box[cols] * item // 64)
+        scope = self.sym.namer.child()
+        names = {it: scope.fresh(f"polyc_pf_{it}") for it in values}
+        printer = self.sym.printer(self.kernel, names)
+        element = printer.element(w.array, w.indices).text
+        spread = f"{kname} + polyc_lo{kept[0]}" if rows is not None else kname
+        decls = [cgen.Statement(f"const {self.dialect.index_type} {names[it]} = {x}")
+                 for it, x in values.items() if it in _used_iterators_of(w)]
+        fetch = cgen.Statement(
+            f"__builtin_prefetch((const void *)((uintptr_t)&{element} + {stride}u"
+            f" + 64u * (uint64_t)(({spread}) % {lines})), 0, 3)")
+        prefix = [cgen.Block(decls + [fetch])]
+        return _prepend_in_loop(inner, f" {kname} = ", prefix) or inner
 
     def _quad_variant(self, p: Promotion, kept: list[int], body: isl.AstNode,
                       plain: list[cgen.Generable]) -> list[cgen.Generable]:
@@ -621,6 +725,66 @@ class _Walker:
 
 #: the compiler target the VNNI variant needs
 QUAD_TARGET = "defined(__AVX512VNNI__) && defined(__AVX512F__)"
+
+
+#: float register tiles prefetch their next weight panel (:meth:`_Walker._panel_prefetch`)
+PANEL_PREFETCH = True
+
+
+def _constant_bounds(n: isl.AstNode) -> bool:
+    """Whether loop ``n`` runs between two integer constants."""
+    cond = n.for_get_cond()
+    return n.for_get_init().get_type() == isl.ast_expr_type.int \
+        and cond.get_type() == isl.ast_expr_type.op and cond.get_op_n_arg() == 2 \
+        and cond.get_op_arg(1).get_type() == isl.ast_expr_type.int
+
+
+def _first_for(n: isl.AstNode) -> isl.AstNode | None:
+    """The first loop below ``n`` (through blocks, marks and ifs), or None."""
+    t = n.get_type()
+    if t == isl.ast_node_type.for_:
+        return n
+    if t == isl.ast_node_type.block:
+        kids = n.block_get_children()
+        for i in range(kids.n_ast_node()):
+            found = _first_for(kids.get_at(i))
+            if found is not None:
+                return found
+        return None
+    if t == isl.ast_node_type.mark:
+        return _first_for(n.mark_get_node())
+    if t == isl.ast_node_type.if_:
+        return _first_for(n.if_get_then_node())
+    return None
+
+
+def _used_iterators_of(r: E.Read) -> set[str]:
+    return set().union(*(E.free_names(ix)[0] for ix in r.indices))
+
+
+def _prepend_in_loop(code: list[cgen.Generable], start: str,
+                     prefix: list[cgen.Generable]) -> list[cgen.Generable] | None:
+    """``code`` with ``prefix`` put first in the body of each loop whose start contains
+    ``start`` (every copy the AST printed: full and partial tiles), or None if none."""
+    found = False
+
+    def walk(g: cgen.Generable) -> cgen.Generable:
+        nonlocal found
+        if isinstance(g, cgen.For):
+            body = walk(g.body)
+            if start in g.start:
+                found = True
+                kids = list(body.contents) if isinstance(body, cgen.Block) else [body]
+                body = cgen.Block(prefix + kids)
+            return cgen.For(g.start, g.condition, g.update, body)
+        if isinstance(g, cgen.Block):
+            return cgen.Block([walk(c) for c in g.contents])
+        if isinstance(g, cgen.If):
+            return cgen.If(g.condition, walk(g.then_),
+                           walk(g.else_) if g.else_ is not None else None)
+        return g
+    out = [walk(g) for g in code]
+    return out if found else None
 
 
 def _user_calls(n: isl.AstNode) -> list[isl.AstExpr]:

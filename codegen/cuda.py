@@ -88,6 +88,7 @@ class CudaDialect(CDialect):
     unroll_pragma = "unroll {}"
     iterator_prefix = "[[maybe_unused]] "
     vnni_intrinsics = False
+    panel_prefetch = False
 
 
 @dataclass(frozen=True)

@@ -287,3 +287,25 @@ def test_row_sums_on_the_cuda_target():
     for d in range(300):
         want += x[:, d]
     np.testing.assert_allclose(op(x), want, rtol=1e-5, atol=1e-4)
+
+
+def test_register_tile_prefetches_the_next_weight_panel():
+    """A float register tile over blocked weights ``W(nb, k, ni)`` that sums its whole
+    reduction prefetches, at each step, a line of the next block's panel (``K * NI``
+    elements on); the sums are unchanged. A tile whose reduction is cut into chunks
+    (the next chunk comes next, not the next panel) and the CUDA target do not."""
+    src = """
+def blocked(float(M,K) A, float(NB,K,NI) W) -> (Y) {
+    Y(m,nb,ni) +=! A(m,k) * W(nb,k,ni)
+}"""
+    shapes = [(49, 320), (20, 320, 64)]
+    ref = lambda A, W: np.einsum("mk,bki->mbi", A, W)  # noqa: E731
+    op = _define(src)
+    _check(op, shapes, ref)
+    assert f"+ {320 * 64 * 4}u + 64u * (uint64_t)" in op.c_source, op.c_source
+    cut = _define(src, tile=(8, 4, 32, 64))
+    _check(cut, shapes, ref)
+    assert _register_marks(cut) and "__builtin_prefetch" not in cut.c_source
+    gpu = polyc.define(src, target="cuda", emulate=True)
+    _check(gpu, shapes, ref)
+    assert "__builtin_prefetch" not in gpu.cuda_source
