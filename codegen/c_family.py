@@ -407,14 +407,14 @@ class _Walker:
         if not users or simd is None or any(
                 u.get_op_arg(0).get_id().get_name() != p.stmt for u in users):
             return inner
-        k = loop.for_get_iterator().get_id().get_name()
         v = simd.for_get_iterator().get_id().get_name()
-        args = {it: users[0].get_op_arg(i + 1) for i, it in enumerate(stmt.iterators)}
+        used = E.free_names(w)[0]  # the iterators W's element needs: the lane at the
+        args = {it: users[0].get_op_arg(i + 1)  # tile's first, the others this step's
+                for i, it in enumerate(stmt.iterators) if it in used and it != lane.name}
         saved = self.isl_names.get(v)
         try:
             self.isl_names[v] = "polyc_no_loop_variable"
-            values = {it: self._isl(a).text for it, a in args.items()
-                      if it != lane.name and (rows is None or it != rows.name)}
+            values = {it: self._isl(a).text for it, a in args.items()}
             kname = self._isl(loop.for_get_iterator()).text
         finally:
             if saved is None:
@@ -424,16 +424,13 @@ class _Walker:
         if any("polyc_no_loop_variable" in x for x in values.values()):
             return inner
         values[lane.name] = f"polyc_lo{cols}"
-        if rows is not None:
-            values[rows.name] = f"polyc_lo{kept[0]}"
         lines = max(1, p.box[cols] * item // 64)
         scope = self.sym.namer.child()
         names = {it: scope.fresh(f"polyc_pf_{it}") for it in values}
-        printer = self.sym.printer(self.kernel, names)
-        element = printer.element(w.array, w.indices).text
+        element = self.sym.printer(self.kernel, names).element(w.array, w.indices).text
         spread = f"{kname} + polyc_lo{kept[0]}" if rows is not None else kname
         decls = [cgen.Statement(f"const {self.dialect.index_type} {names[it]} = {x}")
-                 for it, x in values.items() if it in _used_iterators_of(w)]
+                 for it, x in values.items()]
         fetch = cgen.Statement(
             f"__builtin_prefetch((const void *)((uintptr_t)&{element} + {stride}u"
             f" + 64u * (uint64_t)(({spread}) % {lines})), 0, 3)")
@@ -756,10 +753,6 @@ def _first_for(n: isl.AstNode) -> isl.AstNode | None:
     if t == isl.ast_node_type.if_:
         return _first_for(n.if_get_then_node())
     return None
-
-
-def _used_iterators_of(r: E.Read) -> set[str]:
-    return set().union(*(E.free_names(ix)[0] for ix in r.indices))
 
 
 def _prepend_in_loop(code: list[cgen.Generable], start: str,

@@ -452,13 +452,15 @@ def _f16_model(op: str, shape, out_shape, **attrs):
     return m
 
 
+@pytest.mark.parametrize("target", ["c", "cuda"])
 @pytest.mark.parametrize("op", ["AveragePool", "GlobalAveragePool"])
-def test_float16_average_pool_sums_in_float32(op):
+def test_float16_average_pool_sums_in_float32(op, target):
     """A 7x7 float16 average pool (its taps unrolled) sums in float32 and rounds once,
     as the reduction form and onnxruntime do: 1024 and 48 quarters sum to 1036 (1035
     rounded at every addition of the tree), 1036 / 49 rounds to 21.14 (not 21.12)."""
     attrs = {"kernel_shape": [7, 7]} if op == "AveragePool" else {}
-    m = polyc.compile_onnx(_f16_model(op, (1, 3, 7, 7), (1, 3, 1, 1), **attrs))
+    m = polyc.compile_onnx(_f16_model(op, (1, 3, 7, 7), (1, 3, 1, 1), **attrs),
+                           target=target, emulate=target == "cuda" or None)
     x = np.full((1, 3, 7, 7), 0.25, np.float16)
     x[0, :, 0, 0] = 1024
     x[0, 1] = np.random.default_rng(0).standard_normal((7, 7)).astype(np.float16)
@@ -468,13 +470,15 @@ def test_float16_average_pool_sums_in_float32(op):
     assert y[0, 0, 0, 0] == np.float16(21.14)
 
 
-def test_float16_copy_keeps_the_bits():
+@pytest.mark.parametrize("target", ["c", "cuda"])
+def test_float16_copy_keeps_the_bits(target):
     """A float16 transpose copies its elements' bits: no conversion to float and back
     (7x slower on ResNet-50's last transpose), the same values, subnormals included."""
-    m = polyc.compile_onnx(_f16_model("Transpose", (5, 3, 4), (4, 3, 5), perm=[2, 1, 0]))
+    m = polyc.compile_onnx(_f16_model("Transpose", (5, 3, 4), (4, 3, 5), perm=[2, 1, 0]),
+                           target=target, emulate=target == "cuda" or None)
     bits = np.random.default_rng(1).integers(0, 1 << 16, (5, 3, 4), dtype=np.uint16)
     bits[(bits & 0x7c00) == 0x7c00] = 0x3c00  # no NaN (polyc makes them all one NaN)
     bits[0, 0, :] = [0x7c00, 0xfc00, 0x0001, 0x8000]  # infinities, a subnormal, -0
     (y,) = m(bits.view(np.float16))
     np.testing.assert_array_equal(y.view(np.uint16), bits.transpose(2, 1, 0))
-    assert "polyc_f16_store(polyc_f16_load" not in m.c_source
+    assert "polyc_f16_store(polyc_f16_load" not in m.c_source  # (the .cu for CUDA)

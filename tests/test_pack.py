@@ -229,6 +229,10 @@ def test_cuda_target_not_packed(small_thresholds):
     a, b = random_inputs([((20, 30), "float32"), ((30, 200), "float32")], 0)
     assert_matches_numpy(op(a, b), a @ b, **TOL)
     assert "_packed" not in op.cuda_source
+    nt = polyc.define(NT, target="cuda", emulate=True)  # nor a transposed operand
+    bt = np.ascontiguousarray(b.T)
+    assert_matches_numpy(nt(a, bt), a @ b, **TOL)
+    assert "_packed" not in nt.cuda_source
 
 
 def test_onnx_matmul_of_two_inputs_is_packed(small_thresholds, tmp_path):
