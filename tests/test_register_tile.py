@@ -309,3 +309,24 @@ def blocked(float(M,K) A, float(NB,K,NI) W) -> (Y) {
     gpu = polyc.define(src, target="cuda", emulate=True)
     _check(gpu, shapes, ref)
     assert "__builtin_prefetch" not in gpu.cuda_source
+
+
+def test_packed_matmul_prefetches_the_next_panel_in_order():
+    """A matmul whose ``B`` is packed into column blocks (``Bb(nb, k, ni)``, the lane
+    ``ni`` a part of the write's ``64 * nb + ni``) and whose register tiles sum the whole
+    reduction prefetches the next block's panel too, one line per step, the row tiles
+    one after another through its lines (``tile * K + k`` of ``K * NR * 4 / 64``), so
+    the panel's first tile finds it in cache; the product is unchanged, with partial
+    row and column tiles (130 x 330)."""
+    src = """
+def mm(float(M,K) A, float(K,N) B) -> (C) {
+    C(m,n) +=! A(m,k) * B(k,n)
+}"""
+    shapes = [(130, 512), (512, 330)]
+    op = _define(src)
+    _check(op, shapes, lambda A, B: A @ B)
+    assert "_packed[" in op.c_source, op.c_source
+    mr, nr = register_tile.machine_shape("float32", polyc.Options())  # this CPU's
+    line = next(x for x in op.c_source.splitlines() if "__builtin_prefetch" in x)
+    assert f"+ {512 * nr * 4}u + 64u * (uint64_t)((polyc_lo0 / {mr} * 512 + " in line, line
+    assert line.rstrip().endswith(f"% {512 * nr * 4 // 64})), 0, 3);"), line
