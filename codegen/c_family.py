@@ -371,8 +371,15 @@ class _Walker:
         same step's run instead, a different one per tile, left it at 221); 2 threads
         408 -> 450; BERT 0.93x, ResNet-50 0.96x of the time without. Not where ``W`` has
         one block (no next panel) or all of it fits in half the L1 (MobileNetV2's
-        16 -> 96 conv: 6 KB). Prefetches do not fault; the address is computed as an
-        integer (no pointer past an array). ``inner`` unchanged where the shape differs."""
+        16 -> 96 conv: 6 KB).
+
+        A tile over one chunk of a tiled reduction (a single loop ``k = e .. e + T - 1``,
+        the chunks' loop just outside the row tiles) prefetches the next chunk the same
+        way, where its steps' runs are adjacent (``W(.., k, ni)`` with ``ni`` the tile's
+        whole run): ``T`` runs on, ``STEPS = T``. Matmul 4096 (chunks of 256) 221 -> 232
+        GFLOP/s at one thread, 447 -> 474 at two; BERT 0.98x. Prefetches do not fault;
+        the address is computed as an integer (no pointer past an array). ``inner``
+        unchanged where the shape differs."""
         stmt = self.kernel.statement(p.stmt)
         write = stmt.write.indices
         cols = len(p.box) - 1
@@ -380,9 +387,15 @@ class _Walker:
         if kept[-1] != cols or (rows is not None and not isinstance(rows, E.Index)):
             return inner
         chain = []  # the reduction loops down to the innermost, each over its whole
-        loop = body  # extent (a reduction tile's next chunk, not the next panel, would
-        while True:  # come next)
-            trips = _trip_count(loop) if loop.get_type() == isl.ast_node_type.for_ else None
+        loop = body  # extent; or one loop over a chunk of a tiled reduction, whose next
+        chunk = False  # chunk comes next
+        while True:
+            if loop.get_type() != isl.ast_node_type.for_:
+                return inner
+            trips = _trip_count(loop)
+            if trips is None and not chain and CHUNK_PREFETCH and \
+                    loop.for_get_body().get_type() != isl.ast_node_type.for_:
+                trips, chunk = _chunk_trip_count(loop), True
             if trips is None:
                 return inner
             chain.append((loop, trips))
@@ -424,8 +437,23 @@ class _Walker:
             count = math.prod(E.evaluate(x, sizes) for x in arr.shape[:blocks[-1] + 1])
         except Exception:  # a symbolic size: no constant panel stride
             return inner
-        if count < 2 or count * stride <= machine.l1d_bytes() // 2:
-            return inner  # no next panel, or all of them in L1 from the first tile on
+        if count * stride <= machine.l1d_bytes() // 2:
+            return inner  # all the panels in L1 from the first tile on
+        if chunk:  # the next chunk: the runs of the next steps, where they are adjacent
+            k = [it for it, a in zip(stmt.iterators, call) if a.get_type() ==
+                 isl.ast_expr_type.id and a.get_id().get_name() ==
+                 loop.for_get_iterator().get_id().get_name()]
+            at = [j for j, ix in enumerate(w.indices) if k and isinstance(ix, E.Index)
+                  and ix.name == k[0]]
+            step = item * math.prod(E.evaluate(x, sizes) for x in arr.shape[at[0] + 1:]) \
+                if len(at) == 1 else 0
+            if step != p.box[cols] * item or any(
+                    k[0] in E.free_names(ix)[0] for j, ix in enumerate(w.indices)
+                    if j != at[0]):
+                return inner
+            stride = step * chain[0][1]
+        elif count < 2:
+            return inner  # no next panel
         used = E.free_names(w)[0]  # the iterators W's element needs, at the panel's
         args = {it: a for it, a in zip(stmt.iterators, call)  # start: the lane at the
                 if it in used}  # vector loop's, the reductions at their loops' first
@@ -760,6 +788,8 @@ QUAD_TARGET = "defined(__AVX512VNNI__) && defined(__AVX512F__)"
 
 #: float register tiles prefetch their next weight panel (:meth:`_Walker._panel_prefetch`)
 PANEL_PREFETCH = True
+#: ... and a tile over a chunk of its reduction the next chunk
+CHUNK_PREFETCH = True
 
 
 def _constant_bounds(n: isl.AstNode) -> bool:
@@ -784,6 +814,25 @@ def _trip_count(n: isl.AstNode) -> int | None:
     if op == isl.ast_expr_op_type.lt:
         return max(0, last - first)
     return None
+
+
+def _chunk_trip_count(n: isl.AstNode) -> int | None:
+    """Iterations of loop ``n`` when it steps by 1 from an expression ``e`` to ``e + c``
+    (one chunk of a tiled loop), or None."""
+    inc, cond, init = n.for_get_inc(), n.for_get_cond(), n.for_get_init()
+    if inc.get_type() != isl.ast_expr_type.int or inc.get_val().to_python() != 1 \
+            or cond.get_type() != isl.ast_expr_type.op or cond.get_op_n_arg() != 2:
+        return None
+    op, bound = cond.get_op_type(), cond.get_op_arg(1)
+    if op not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) \
+            or bound.get_type() != isl.ast_expr_type.op \
+            or bound.get_op_type() != isl.ast_expr_op_type.add or bound.get_op_n_arg() != 2:
+        return None
+    base, c = bound.get_op_arg(0), bound.get_op_arg(1)
+    if c.get_type() != isl.ast_expr_type.int or not base.is_equal(init):
+        return None
+    trips = c.get_val().to_python() + (1 if op == isl.ast_expr_op_type.le else 0)
+    return trips if trips > 0 else None
 
 
 def _first_for(n: isl.AstNode) -> isl.AstNode | None:

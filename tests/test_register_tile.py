@@ -292,8 +292,9 @@ def test_row_sums_on_the_cuda_target():
 def test_register_tile_prefetches_the_next_weight_panel():
     """A float register tile over blocked weights ``W(nb, k, ni)`` that sums its whole
     reduction prefetches, at each step, a line of the next block's panel (``K * NI``
-    elements on); the sums are unchanged. A tile whose reduction is cut into chunks
-    (the next chunk comes next, not the next panel) and the CUDA target do not."""
+    elements on); one whose reduction is cut into chunks, a line of its next chunk
+    (``32 * NI`` elements on: it comes next, not the next panel); the sums are
+    unchanged. The CUDA target does not prefetch."""
     src = """
 def blocked(float(M,K) A, float(NB,K,NI) W) -> (Y) {
     Y(m,nb,ni) +=! A(m,k) * W(nb,k,ni)
@@ -305,7 +306,10 @@ def blocked(float(M,K) A, float(NB,K,NI) W) -> (Y) {
     assert f"+ {320 * 64 * 4}u + 64u * (uint64_t)" in op.c_source, op.c_source
     cut = _define(src, tile=(8, 4, 32, 64))
     _check(cut, shapes, ref)
-    assert _register_marks(cut) and "__builtin_prefetch" not in cut.c_source
+    assert _register_marks(cut)
+    line = next(x for x in cut.c_source.splitlines() if "__builtin_prefetch" in x)
+    assert f"+ {32 * 64 * 4}u + 64u * (uint64_t)((polyc_lo0 / " in line, line
+    assert f"% {32 * 64 * 4 // 64})), 0, 3);" in line and f" + {320 * 64 * 4}u" not in line
     gpu = polyc.define(src, target="cuda", emulate=True)
     _check(gpu, shapes, ref)
     assert "__builtin_prefetch" not in gpu.cuda_source
