@@ -818,12 +818,20 @@ def _trip_count(n: isl.AstNode) -> int | None:
 
 def _chunk_trip_count(n: isl.AstNode) -> int | None:
     """Iterations of loop ``n`` when it steps by 1 from an expression ``e`` to ``e + c``
-    (one chunk of a tiled loop), or None."""
+    (one chunk of a tiled loop; ``min(x, e + c)``, the last chunk shorter), or None."""
     inc, cond, init = n.for_get_inc(), n.for_get_cond(), n.for_get_init()
     if inc.get_type() != isl.ast_expr_type.int or inc.get_val().to_python() != 1 \
             or cond.get_type() != isl.ast_expr_type.op or cond.get_op_n_arg() != 2:
         return None
     op, bound = cond.get_op_type(), cond.get_op_arg(1)
+    if bound.get_type() == isl.ast_expr_type.op and \
+            bound.get_op_type() == isl.ast_expr_op_type.min:
+        adds = [bound.get_op_arg(i) for i in range(bound.get_op_n_arg())
+                if bound.get_op_arg(i).get_type() == isl.ast_expr_type.op
+                and bound.get_op_arg(i).get_op_type() == isl.ast_expr_op_type.add]
+        if len(adds) != 1:
+            return None
+        bound = adds[0]
     if op not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) \
             or bound.get_type() != isl.ast_expr_type.op \
             or bound.get_op_type() != isl.ast_expr_op_type.add or bound.get_op_n_arg() != 2:
