@@ -56,7 +56,6 @@ from polyc import expr as E
 from polyc.errors import InternalError
 from polyc.ir import QUAD_LANES, Kernel, Statement, element_iterators, quad_dot
 from polyc.options import Options
-from polyc.schedule import machine
 
 from .ast import (
     UNROLL,
@@ -369,9 +368,9 @@ class _Walker:
         its weights. Measured on a Zen 5 EPYC, one thread: matmul 2048 (30-row cache
         tiles of five row tiles over 512 KB panels) 224 -> 240 GFLOP/s (a line of the
         same step's run instead, a different one per tile, left it at 221); 2 threads
-        408 -> 450; BERT 0.93x, ResNet-50 0.96x of the time without. Not where ``W`` has
-        one block (no next panel) or all of it fits in half the L1 (MobileNetV2's
-        16 -> 96 conv: 6 KB).
+        408 -> 450; BERT 0.93x, ResNet-50 0.96x, MobileNetV2 1.00x of the time
+        without. Not where ``W`` has one block: no next panel (MobileNetV2 took 1.04x
+        with its one-block 1x1 convs prefetching past their weights).
 
         A tile over one chunk of a tiled reduction (a single loop ``k = e .. e + T - 1``,
         the chunks' loop just outside the row tiles) prefetches the next chunk the same
@@ -437,8 +436,6 @@ class _Walker:
             count = math.prod(E.evaluate(x, sizes) for x in arr.shape[:blocks[-1] + 1])
         except Exception:  # a symbolic size: no constant panel stride
             return inner
-        if count * stride <= machine.l1d_bytes() // 2:
-            return inner  # all the panels in L1 from the first tile on
         if chunk:  # the next chunk: the runs of the next steps, where they are adjacent
             k = [it for it, a in zip(stmt.iterators, call) if a.get_type() ==
                  isl.ast_expr_type.id and a.get_id().get_name() ==
