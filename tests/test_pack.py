@@ -34,6 +34,7 @@ OPTIONS = [dict(), dict(threads=2), dict(fusion="min"), dict(fusion="max"),
 def small_thresholds(monkeypatch):
     """Pack from 8 rows and any operand size (the defaults want big matmuls)."""
     monkeypatch.setattr(pack, "MIN_ROWS", 8)
+    monkeypatch.setattr(pack, "MIN_ROWS_SHORT_ROWS", 8)
     monkeypatch.setattr(pack, "MIN_BYTES_L2_FRACTION", 1 << 30)
 
 
@@ -124,7 +125,7 @@ sys.path.insert(0, {tests!r})
 import polyc
 from polyc import pack
 from conftest import assert_matches_numpy, random_inputs
-pack.MIN_ROWS, pack.MIN_BYTES_L2_FRACTION = 8, 1 << 30
+pack.MIN_ROWS, pack.MIN_ROWS_SHORT_ROWS, pack.MIN_BYTES_L2_FRACTION = 8, 8, 1 << 30
 for opts in (dict(), dict(threads=2), dict(fusion="max")):
     op = polyc.define({src!r}, sanitize=True, cflags=("-Wall", "-Wextra", "-Werror"), **opts)
     a, b = random_inputs([((13, 29), "float32"), ((29, 150), "float32")], 0)
@@ -202,15 +203,26 @@ def test_not_packed(src, shapes, small_thresholds):
 
 
 def test_thresholds_and_options(monkeypatch):
-    """Not packed: few rows, an operand that fits in the L2, ``pack=False``, no register
-    tiles, no tiles, a user schedule or the CUDA target."""
+    """Not packed: few rows (more of them where ``B``'s rows are shorter than a page),
+    an operand that fits in the L2, ``pack=False``, no register tiles, no tiles, a user
+    schedule or the CUDA target."""
     a, b = random_inputs([((20, 30), "float32"), ((30, 200), "float32")], 0)
     monkeypatch.setattr(pack, "MIN_BYTES_L2_FRACTION", 1 << 30)
     monkeypatch.setattr(pack, "MIN_ROWS", 21)
+    monkeypatch.setattr(pack, "MIN_ROWS_SHORT_ROWS", 21)
     op = polyc.define(MATMUL)
     op(a, b)
     assert not _packed(op)  # 20 rows
     monkeypatch.setattr(pack, "MIN_ROWS", 20)
+    op = polyc.define(MATMUL)
+    op(a, b)
+    assert not _packed(op)  # 20 rows of B 800 bytes long: under a page
+    monkeypatch.setattr(pack, "PAGE_BYTES", 800)
+    op = polyc.define(MATMUL)
+    op(a, b)
+    assert _packed(op)  # a "page" of 800 bytes: B's rows are long
+    monkeypatch.setattr(pack, "PAGE_BYTES", 4096)
+    monkeypatch.setattr(pack, "MIN_ROWS_SHORT_ROWS", 20)
     op = polyc.define(MATMUL)
     op(a, b)
     assert _packed(op)

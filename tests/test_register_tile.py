@@ -321,12 +321,12 @@ def test_packed_matmul_prefetches_the_next_panel_in_order():
     reduction prefetches the next block's panel too, one line per step, the row tiles
     one after another through its lines (``tile * K + k`` of ``K * NR * 4 / 64``), so
     the panel's first tile finds it in cache; the product is unchanged, with partial
-    row and column tiles (130 x 330)."""
+    row and column tiles (130 x 1100)."""
     src = """
 def mm(float(M,K) A, float(K,N) B) -> (C) {
     C(m,n) +=! A(m,k) * B(k,n)
 }"""
-    shapes = [(130, 512), (512, 330)]
+    shapes = [(130, 512), (512, 1100)]  # B's rows past a page: packed from 128 rows
     op = _define(src)
     _check(op, shapes, lambda A, B: A @ B)
     assert "_packed[" in op.c_source, op.c_source
