@@ -40,7 +40,7 @@ from .deps import Dependences, compute_dependences
 from .errors import CompileError, InternalError, PolycWarning, ScheduleError
 from .ir import Kernel
 from .options import Options
-from .pack import pack_operands
+from .pack import hoist_row_factors, pack_operands
 from .printer import show_kernel
 from .widen import widen_accumulators
 from .schedule.align import fuse_aligned
@@ -215,10 +215,12 @@ def _fused(fuse: Callable[..., isl.Schedule], plain: isl.Schedule, kernel: Kerne
 def prepare_kernel(kernel: Kernel, options: Options | None = None) -> Kernel:
     """The rewrites made before scheduling, unless the user gives the schedule: float16
     sums accumulate in float32 (:mod:`polyc.widen`), dead writes go (:mod:`polyc.dead`),
-    and with ``options``, large contraction operands are packed (:mod:`polyc.pack`).
+    and with ``options``, the row factors of large contractions are computed apart and
+    their large operands packed (:mod:`polyc.pack`).
     Applying it to its own result changes nothing."""
     kernel = drop_dead_writes(widen_accumulators(kernel))
-    return kernel if options is None else pack_operands(kernel, options)
+    return kernel if options is None else pack_operands(hoist_row_factors(kernel, options),
+                                                        options)
 
 
 def storage_rewrites(kernel: Kernel, schedule: isl.Schedule

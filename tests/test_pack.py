@@ -278,3 +278,58 @@ def test_every_transposed_operand_packed(small_thresholds):
                   lambda c, a, b: np.where(np.tri(len(c), dtype=bool),
                                            1.2 * c + 1.5 * (b @ a.T + a @ b.T), c), **opts)
         assert "A_packed[" in op.c_source and "B_packed[" in op.c_source
+
+
+GEMM = """
+def gemm(float(NI,NJ) C_in, float(NI,NK) A, float(NK,NJ) B) -> (C) {
+    C(i,j) = 1.2 * C_in(i,j)
+    C(i,j) += 1.5 * A(i,k) * B(k,j)
+}"""
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(threads=2), dict(fusion="max"),
+                                  dict(scheduler="pluto"), dict(pack=False)],
+                         ids=["default", "threads2", "fusion_max", "pluto", "no_pack"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_row_factor_computed_once(opts, dtype, monkeypatch):
+    """gemm's ``1.5 * A(i,k)`` (free of the column ``j``) is computed once into a
+    temporary before the contraction, over sizes that are not multiples of the tiles
+    (130 x 77 x 150); without floating-point contraction the result is the same in every
+    bit as without the temporary (the factor is rounded before it meets ``B`` either
+    way; with contraction gcc may fuse a different pair in one of them)."""
+    src = GEMM.replace("float(", "double(") if dtype == "float64" else GEMM
+    c, a, b = random_inputs([((130, 150), dtype), ((130, 77), dtype), ((77, 150), dtype)], 3)
+    op = polyc.define(src, **opts)
+    assert_matches_numpy(op(c, a, b), 1.2 * c + 1.5 * (a @ b), **TOL)
+    assert "C_rowf[" in op.c_source, op.c_source
+    exact = polyc.define(src, cflags=("-ffp-contract=off",), **opts)
+    out = exact(c, a, b)
+    monkeypatch.setattr(pack, "HOIST_ROW_FACTORS", False)
+    plain = polyc.define(src, cflags=("-ffp-contract=off",), **opts)
+    assert np.array_equal(plain(c, a, b), out)
+    assert "C_rowf[" not in plain.c_source
+
+
+@pytest.mark.parametrize("src,shapes", [
+    # the factor reads the array the contraction writes
+    ("def f(float(N,N) A, float(N,N) B) -> (C) {\n C(i,j) = A(i,j)\n"
+     " C(i,j) += 2.0 * C(i,k) * B(k,j) where exists A(k,j)\n}", [(150, 150), (150, 150)]),
+    # the columns fit in one register tile: each factor is computed once anyway
+    (GEMM, [(130, 20), (130, 77), (77, 20)]),
+    # no factor apart from plain reads
+    (MATMUL, [(130, 77), (77, 150)]),
+])
+def test_row_factor_left_alone(src, shapes):
+    xs = random_inputs([(s, "float32") for s in shapes], 1)
+    op = polyc.define(src)
+    op(*xs)
+    assert "_rowf[" not in op.c_source
+
+
+def test_row_factor_of_a_triangle():
+    """syrk's ``1.5 * A(i,k)`` under its triangle (``j <= i``) is computed once too."""
+    src = SYRK.replace("1.5 * A(i,k) * A(j,k)", "1.5 * A(i,k) * A(j,k)")
+    c, a = random_inputs([((150, 150), "float32"), ((150, 90), "float32")], 2)
+    op = polyc.define(src)
+    assert_matches_numpy(op(c, a), _syrk_ref(c, a), **TOL)
+    assert "C_rowf[" in op.c_source, op.c_source
