@@ -107,9 +107,12 @@ def hoist_row_factors(kernel: Kernel, options: Options) -> Kernel:
     bit for bit without floating-point contraction, which the C compiler may apply to
     another pair of operations in either form). Only for float contractions of one type whose columns span more than
     one register tile (else each factor is computed once anyway), whose factor does not
-    read the array written, on the C target with register tiles and fixed sizes."""
+    read the array written, on the C target with register tiles and fixed sizes, and not
+    under ``fusion="max"`` (which fuses the copy back into the contraction's loops; with
+    a reduction of 2 or 4 steps isl's scheduler then ran into its 5 s limit)."""
     if not (HOIST_ROW_FACTORS and options.target == "c" and options.tile is not False
-            and options.vectorize and options.register_tile is not False) \
+            and options.vectorize and options.register_tile is not False
+            and options.fusion != "max") \
             or len(kernel.fixed_sizes) != len(kernel.sizes):
         return kernel
     for s in list(kernel.statements):
