@@ -350,7 +350,7 @@ def _whole_reduction(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
     reduction (``MR x K`` of a matmul's ``A``) fit in the L1 data cache and its column
     panel (``K x NR`` of ``B``) in half the L2: each register tile then sums its whole
     reduction in registers, stored once, instead of copying its accumulators in and out
-    once per reduction tile of :data:`DEFAULT_TILE_REDUCTION_REGISTER`. On a Zen 4 EPYC
+    once per reduction chunk (:func:`reduction_chunk`). On a Zen 4 EPYC
     (32 KB L1), one thread, float32: 128x768x3072 81 -> 88 GFLOP/s, 1024^3 101 -> 108;
     2048^3 (its rows of ``A`` twice the L1) keeps its tiles."""
     flags = tiling.coincident_flags(node)
