@@ -391,14 +391,13 @@ class _Walker:
         while True:
             if loop.get_type() != isl.ast_node_type.for_:
                 return inner
-            trips = _trip_count(loop)
-            if trips is None and not chain and CHUNK_PREFETCH and \
-                    loop.for_get_body().get_type() != isl.ast_node_type.for_:
-                trips, chunk = _chunk_trip_count(loop), True
-            if trips is None:
+            found = _loop_trips(loop)
+            last = loop.for_get_body().get_type() != isl.ast_node_type.for_
+            if found is None or (found[1] and not (CHUNK_PREFETCH and last and not chain)):
                 return inner
+            trips, chunk = found
             chain.append((loop, trips))
-            if loop.for_get_body().get_type() != isl.ast_node_type.for_:
+            if last:
                 break
             loop = loop.for_get_body()
         users = _user_calls(loop.for_get_body())
@@ -408,9 +407,9 @@ class _Walker:
             return inner
         v = simd.for_get_iterator().get_id().get_name()
         call = [users[0].get_op_arg(i + 1) for i in range(len(stmt.iterators))]
-        lanes = [it for it, a in zip(stmt.iterators, call)  # the iterator the vector
-                 if a.get_type() == isl.ast_expr_type.id  # loop runs: the write's last
-                 and a.get_id().get_name() == v]  # index, or its lane in a packed block
+        # the iterator the vector loop runs: the write's last index, or its lane in a
+        # packed block
+        lanes = _iterator_at(stmt.iterators, call, v)
         if len(lanes) != 1 or lanes[0] not in E.free_names(write[cols])[0]:
             return inner
         lane = lanes[0]
@@ -437,9 +436,7 @@ class _Walker:
         except Exception:  # a symbolic size: no constant panel stride
             return inner
         if chunk:  # the next chunk: the runs of the next steps, where they are adjacent
-            k = [it for it, a in zip(stmt.iterators, call) if a.get_type() ==
-                 isl.ast_expr_type.id and a.get_id().get_name() ==
-                 loop.for_get_iterator().get_id().get_name()]
+            k = _iterator_at(stmt.iterators, call, loop.for_get_iterator().get_id().get_name())
             at = [j for j, ix in enumerate(w.indices) if k and isinstance(ix, E.Index)
                   and ix.name == k[0]]
             step = item * math.prod(E.evaluate(x, sizes) for x in arr.shape[at[0] + 1:]) \
@@ -789,55 +786,47 @@ PANEL_PREFETCH = True
 CHUNK_PREFETCH = True
 
 
-def _constant_bounds(n: isl.AstNode) -> bool:
-    """Whether loop ``n`` runs between two integer constants."""
-    cond = n.for_get_cond()
-    return n.for_get_init().get_type() == isl.ast_expr_type.int \
-        and cond.get_type() == isl.ast_expr_type.op and cond.get_op_n_arg() == 2 \
-        and cond.get_op_arg(1).get_type() == isl.ast_expr_type.int
-
-
-def _trip_count(n: isl.AstNode) -> int | None:
-    """Iterations of loop ``n`` when it steps by 1 between two integer constants."""
-    if not _constant_bounds(n) or n.for_get_inc().get_type() != isl.ast_expr_type.int \
-            or n.for_get_inc().get_val().to_python() != 1:
-        return None
-    cond = n.for_get_cond()
-    op = cond.get_op_type()
-    first = n.for_get_init().get_val().to_python()
-    last = cond.get_op_arg(1).get_val().to_python()
-    if op == isl.ast_expr_op_type.le:
-        return max(0, last - first + 1)
-    if op == isl.ast_expr_op_type.lt:
-        return max(0, last - first)
-    return None
-
-
-def _chunk_trip_count(n: isl.AstNode) -> int | None:
-    """Iterations of loop ``n`` when it steps by 1 from an expression ``e`` to ``e + c``
-    (one chunk of a tiled loop; ``min(x, e + c)``, the last chunk shorter), or None."""
+def _loop_trips(n: isl.AstNode) -> tuple[int, bool] | None:
+    """``(iterations, chunk)`` of loop ``n`` when it steps by 1 between two integer
+    constants (``chunk`` False), or from an expression ``e`` to ``e + c`` (one chunk of a
+    tiled loop, ``chunk`` True; ``min(x, e + c)``, the last chunk shorter); else None."""
     inc, cond, init = n.for_get_inc(), n.for_get_cond(), n.for_get_init()
     if inc.get_type() != isl.ast_expr_type.int or inc.get_val().to_python() != 1 \
-            or cond.get_type() != isl.ast_expr_type.op or cond.get_op_n_arg() != 2:
+            or cond.get_type() != isl.ast_expr_type.op or cond.get_op_n_arg() != 2 \
+            or cond.get_op_type() not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt):
         return None
-    op, bound = cond.get_op_type(), cond.get_op_arg(1)
+    bound = cond.get_op_arg(1)
+    closed = 1 if cond.get_op_type() == isl.ast_expr_op_type.le else 0
+    if init.get_type() == isl.ast_expr_type.int:
+        if bound.get_type() != isl.ast_expr_type.int:
+            return None
+        return max(0, bound.get_val().to_python() - init.get_val().to_python() + closed), False
+
+    def added(x: isl.AstExpr) -> bool:
+        return x.get_type() == isl.ast_expr_type.op and x.get_op_n_arg() == 2 \
+            and x.get_op_type() == isl.ast_expr_op_type.add
+
     if bound.get_type() == isl.ast_expr_type.op and \
             bound.get_op_type() == isl.ast_expr_op_type.min:
-        adds = [bound.get_op_arg(i) for i in range(bound.get_op_n_arg())
-                if bound.get_op_arg(i).get_type() == isl.ast_expr_type.op
-                and bound.get_op_arg(i).get_op_type() == isl.ast_expr_op_type.add]
+        adds = [x for x in (bound.get_op_arg(i) for i in range(bound.get_op_n_arg()))
+                if added(x)]
         if len(adds) != 1:
             return None
         bound = adds[0]
-    if op not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) \
-            or bound.get_type() != isl.ast_expr_type.op \
-            or bound.get_op_type() != isl.ast_expr_op_type.add or bound.get_op_n_arg() != 2:
+    if not added(bound):
         return None
     base, c = bound.get_op_arg(0), bound.get_op_arg(1)
     if c.get_type() != isl.ast_expr_type.int or not base.is_equal(init):
         return None
-    trips = c.get_val().to_python() + (1 if op == isl.ast_expr_op_type.le else 0)
-    return trips if trips > 0 else None
+    trips = c.get_val().to_python() + closed
+    return (trips, True) if trips > 0 else None
+
+
+def _iterator_at(iterators: tuple[str, ...], call: list[isl.AstExpr], loop: str
+                 ) -> list[str]:
+    """The statement iterators whose argument in ``call`` is loop iterator ``loop``."""
+    return [it for it, a in zip(iterators, call)
+            if a.get_type() == isl.ast_expr_type.id and a.get_id().get_name() == loop]
 
 
 def _first_for(n: isl.AstNode) -> isl.AstNode | None:

@@ -35,6 +35,7 @@ with tiles and register tiles on, without a user schedule and with ``Options.pac
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import islpy as isl
@@ -115,7 +116,8 @@ def hoist_row_factors(kernel: Kernel, options: Options) -> Kernel:
             and options.fusion != "max") \
             or len(kernel.fixed_sizes) != len(kernel.sizes):
         return kernel
-    for s in list(kernel.statements):
+    for name in [t.name for t in kernel.statements]:
+        s = kernel.statement(name)  # as the hoists before this one left it
         shape = register_tile.machine_shape(kernel.array(s.write.array).dtype, options)
         found = shape and _row_factor(kernel, s, shape[1])
         if not found:
@@ -187,12 +189,19 @@ def _hoisted(kernel: Kernel, s: Statement, f: E.Expr, left: bool,
     read = E.Read(name, tuple(E.Index(i) for i in its))
     other = s.value.b if left else s.value.a
     value = E.Binary("*", read, other) if left else E.Binary("*", other, read)
-    new_s = replace(s, value=value)
-    arrays = kernel.arrays + (arr,)
+    return _before(kernel, s, [copy], replace(s, value=value), kernel.arrays + (arr,))
+
+
+def _before(kernel: Kernel, s: Statement, copies: list[Statement], new_s: Statement,
+            arrays: tuple[Array, ...], rewrite_init: Callable[[Statement], Statement]
+            = lambda init: init) -> Kernel:
+    """``kernel`` with ``s`` replaced by ``new_s`` and ``copies`` run before it, before
+    its initialisation when it has one (which the register tile starts from: it stays
+    just before ``s``), that initialisation replaced by ``rewrite_init`` of it."""
     init = _init_of(kernel, s)
     if init is None:
-        return replace_statement(kernel, s.name, [copy], [new_s], arrays)
-    kernel = replace_statement(kernel, init.name, [copy], [init], arrays)
+        return replace_statement(kernel, s.name, copies, [new_s], arrays)
+    kernel = replace_statement(kernel, init.name, copies, [rewrite_init(init)], arrays)
     return replace_statement(kernel, s.name, [], [new_s], arrays)
 
 
@@ -314,14 +323,12 @@ def _packed(kernel: Kernel, s: Statement, n: str, packs: tuple[tuple[str, int], 
                           + (E.Index(ni),))
         return None
     new_s = _split(replace(s, value=E.map_expr(s.value, read)), n, nb, ni, nr)
-    init = _init_of(kernel, s)
-    if init is None:
-        return replace_statement(kernel, s.name, copies, [new_s], arrays)
-    m = init.write.indices[-1].name
-    taken = _names(kernel, init)
-    new_init = _split(init, m, _fresh(f"{m}_blk", taken), _fresh(f"{m}_in", taken), nr)
-    kernel = replace_statement(kernel, init.name, copies, [new_init], arrays)
-    return replace_statement(kernel, s.name, [], [new_s], arrays)
+
+    def split_init(init: Statement) -> Statement:
+        m = init.write.indices[-1].name
+        taken = _names(kernel, init)
+        return _split(init, m, _fresh(f"{m}_blk", taken), _fresh(f"{m}_in", taken), nr)
+    return _before(kernel, s, copies, new_s, arrays, split_init)
 
 
 def _copy(kernel: Kernel, s: Statement, b: str, p: int, nr: int, names: list[str]

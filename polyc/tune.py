@@ -314,11 +314,10 @@ def tile_tuple(band: BandShape, outer: int, reduction: int, vector: int,
             + ((vector,) if band.vector else ()))
 
 
-def _defaults() -> tuple[int, int, int, int]:
+def _defaults() -> tuple[int, int, int]:
     from .schedule import optimize as opt
     return (getattr(opt, "DEFAULT_TILE_OUTER", 32), getattr(opt, "DEFAULT_TILE_REDUCTION", 64),
-            getattr(opt, "DEFAULT_TILE_VECTOR", 512),
-            getattr(opt, "DEFAULT_TILE_REDUCTION_REGISTER", 256))
+            getattr(opt, "DEFAULT_TILE_VECTOR", 512))
 
 
 def _dtype(kernel: Kernel) -> str:
@@ -343,11 +342,14 @@ def candidates(kernel: Kernel, options: Options, best: Callable[[], Candidate],
                 yield Candidate(base.fusion, base.tile, shape)
         yield Candidate(base.fusion, base.tile, False)
     if band is not None and options.tile is True:
-        o, r, v, r_reg = _defaults()
+        o, r, v = _defaults()
         now = best()
         reg = now.register_tile
         shape = (reg if isinstance(reg, tuple) else default_reg) if reg is not False else None
-        r = r_reg if shape is not None else r
+        if shape is not None:  # the chunk the compiler gives a register tile of that shape
+            from . import dtypes as D
+            from .schedule.optimize import reduction_chunk
+            r = reduction_chunk(shape[0], D.itemsize(_dtype(kernel)))
         variants = [(o * 2, r, v), (o, r * 2, v), (o, r // 2, v), (o // 2, r, v),
                     (o, r, v // 2), (o * 2, r * 2, v), (o, r, v * 2)]
         for outer, red, vec in variants:

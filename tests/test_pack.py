@@ -345,3 +345,13 @@ def test_row_factor_of_a_triangle():
     op = polyc.define(src)
     assert_matches_numpy(op(c, a), _syrk_ref(c, a), **TOL)
     assert "C_rowf[" in op.c_source, op.c_source
+
+
+def test_row_factor_on_the_cuda_target():
+    """The CUDA target keeps the factor in the contraction (the hoist is for the CPU's
+    register tiles) and computes gemm right over sizes off its tiles (the emulation)."""
+    c, a, b = random_inputs([((130, 150), "float32"), ((130, 77), "float32"),
+                             ((77, 150), "float32")], 5)
+    op = polyc.define(GEMM, target="cuda", emulate=True)
+    assert_matches_numpy(op(c, a, b), 1.2 * c + 1.5 * (a @ b), **TOL)
+    assert "_rowf" not in op.cuda_source

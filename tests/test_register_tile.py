@@ -340,13 +340,9 @@ def test_reduction_chunk_follows_the_l1(monkeypatch):
     """A register tile's reduction chunk keeps its ``MR`` rows of the row operand in a
     quarter of the L1: 512 float32 steps of 6 rows on a 48 KB L1, 256 on a 32 KB one,
     within 128..512; the fixed default where the rule is switched off."""
-    from types import SimpleNamespace
-
     from polyc.schedule import machine, optimize
-    reg = SimpleNamespace(mr=6, array="C")
-    kern = SimpleNamespace(array=lambda name: SimpleNamespace(dtype="float32"))
     for l1, chunk in ((48 * 1024, 512), (32 * 1024, 256), (8 * 1024, 128), (1 << 20, 512)):
         monkeypatch.setattr(machine, "l1d_bytes", lambda l1=l1: l1)
-        assert optimize.reduction_chunk(reg, kern) == chunk, l1
+        assert optimize.reduction_chunk(6, 4) == chunk, l1
     monkeypatch.setattr(optimize, "CHUNK_FROM_L1", False)
-    assert optimize.reduction_chunk(reg, kern) == optimize.DEFAULT_TILE_REDUCTION_REGISTER
+    assert optimize.reduction_chunk(6, 4) == optimize.DEFAULT_TILE_REDUCTION_REGISTER

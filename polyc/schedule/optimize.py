@@ -157,7 +157,7 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
             sizes = None  # rows reuse all there is to reuse: no tiles
         if sizes is not None and reg is not None and options.tile is True:
             flags = tiling.coincident_flags(node)
-            chunk = reduction_chunk(reg, kernel)
+            chunk = reduction_chunk(reg.mr, D.itemsize(kernel.array(reg.array).dtype))
             sizes = [t if flags[i] else chunk for i, t in enumerate(reg.round_sizes(sizes))]
             if reg.quad:  # whole reductions: the tile's sums are complete at its
                 # copy-out, where the requantization runs (no int32 pass over memory)
@@ -327,7 +327,7 @@ def _program_order_points(points: isl.ScheduleNode, kernel: Kernel) -> isl.Sched
     return node
 
 
-def reduction_chunk(reg: register_tile.Plan, kernel: Kernel) -> int:
+def reduction_chunk(mr: int, itemsize: int) -> int:
     """The reduction tile of a register tile's reduction members: the largest power of
     two (from 128 to 512) whose ``MR`` rows of the row operand (``MR x kc`` of matmul's
     ``A``, reused at every column block) take at most a quarter of the L1 data cache,
@@ -339,8 +339,7 @@ def reduction_chunk(reg: register_tile.Plan, kernel: Kernel) -> int:
     :data:`CHUNK_FROM_L1` is off."""
     if not CHUNK_FROM_L1:
         return DEFAULT_TILE_REDUCTION_REGISTER
-    item = D.itemsize(kernel.array(reg.array).dtype)
-    fit = machine.l1d_bytes() // 4 // max(1, reg.mr * item)
+    fit = machine.l1d_bytes() // 4 // max(1, mr * itemsize)
     return max(128, min(512, 1 << max(0, fit.bit_length() - 1)))
 
 
