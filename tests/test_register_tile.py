@@ -308,11 +308,61 @@ def blocked(float(M,K) A, float(NB,K,NI) W) -> (Y) {
     _check(cut, shapes, ref)
     assert _register_marks(cut)
     line = next(x for x in cut.c_source.splitlines() if "__builtin_prefetch" in x)
-    assert f"+ {32 * 64 * 4}u + 64u * (uint64_t)((polyc_lo0 / " in line, line
+    # the next chunk, 32 runs on; past the last, what follows its run (320 - start)
+    assert re.search(rf"\(uint64_t\)\((c\d+) \+ 32 < 320 \? {32 * 64 * 4} : "
+                     rf"{64 * 4} \* \(320 - \1\)\) \+ 64u \* \(uint64_t\)\(\(\(polyc_lo0 / ",
+                     line), line
     assert f"% {32 * 64 * 4 // 64})), 0, 3);" in line and f" + {320 * 64 * 4}u" not in line
     gpu = polyc.define(src, target="cuda", emulate=True)
     _check(gpu, shapes, ref)
     assert "__builtin_prefetch" not in gpu.cuda_source
+
+
+def test_chunk_of_several_runs_prefetches_each_run_of_the_next_chunk():
+    """A tile over the taps ``t`` and one chunk of ``k`` of ``W(nb, t, k, ni)`` (a 3x3
+    conv's weights chunked along its input channels) reads three runs of the chunk,
+    ``K * NI`` elements apart: its prefetch finds a line's run (``line / 128``) and its
+    place in the run; past the last chunk, the next block's first. The sums are
+    unchanged, with a partial row tile (47 rows)."""
+    src = """
+def taps(float(M,T,K) A, float(NB,T,K,NI) W) -> (Y) {
+    Y(m,nb,ni) +=! A(m,t,k) * W(nb,t,k,ni)
+}"""
+    op = _define(src, tile=(8, 4, 3, 32, 64))
+    _check(op, [(47, 3, 320), (4, 3, 320, 64)],
+           lambda A, W: np.einsum("mtk,btki->mbi", A, W))
+    c = op.c_source
+    assert re.search(r"const uint64_t polyc_pf_line0 = \(\(polyc_lo0 / 6\) \* 96 \+ c\d+ \* 32 "
+                     r"\+ \(c\d+ - c\d+\)\) % 384;", c), c
+    line = next(x for x in c.splitlines() if "__builtin_prefetch" in x)
+    assert f": {3 * 320 * 64 * 4} - {64 * 4} * c" in line, line  # the next block's first
+    assert f"+ {320 * 64 * 4}u * ((polyc_pf_line0 / 128) % 3) + 64u * (polyc_pf_line0 % 128)" \
+        in line, line
+
+
+def test_few_row_tiles_prefetch_several_lines_a_step():
+    """Two 6-row tiles of 320 steps cannot prefetch the next panel's 1280 lines one a
+    step: each step prefetches two (``2 * n`` and ``2 * n + 1``). A conv-like write
+    ``Y(h, w, nb, ni)`` numbers its tiles along ``h`` (a loop outside the tile) as well:
+    five of them, each prefetching its own lines. The sums are unchanged."""
+    src = """
+def blocked(float(M,K) A, float(NB,K,NI) W) -> (Y) {
+    Y(m,nb,ni) +=! A(m,k) * W(nb,k,ni)
+}"""
+    op = _define(src)
+    _check(op, [(12, 320), (5, 320, 64)], lambda A, W: np.einsum("mk,bki->mbi", A, W))
+    fetches = [x for x in op.c_source.splitlines() if "__builtin_prefetch" in x]
+    assert any(re.search(r"\(2 \* \(\(polyc_lo0 / 6\) \* 320 \+ c\d+\)\) % 1280\)", x)
+               for x in fetches), fetches
+    assert any(re.search(r"\(2 \* \(\(polyc_lo0 / 6\) \* 320 \+ c\d+\) \+ 1\) % 1280\)", x)
+               for x in fetches), fetches
+    conv = _define("""
+def rows(float(H,W,K) X, float(NB,K,NI) Wt) -> (Y) {
+    Y(h,w,nb,ni) +=! X(h,w,k) * Wt(nb,k,ni)
+}""")
+    _check(conv, [(5, 7, 64), (3, 64, 64)], lambda X, W: np.einsum("hwk,bki->hwbi", X, W))
+    line = next(x for x in conv.c_source.splitlines() if "__builtin_prefetch" in x)
+    assert re.search(r"\(\(\(polyc_lo0\) \* 64 \+ c\d+\) % 256\)", line), line
 
 
 def test_packed_matmul_prefetches_the_next_panel_in_order():
@@ -332,7 +382,7 @@ def mm(float(M,K) A, float(K,N) B) -> (C) {
     assert "_packed[" in op.c_source, op.c_source
     mr, nr = register_tile.machine_shape("float32", polyc.Options())  # this CPU's
     line = next(x for x in op.c_source.splitlines() if "__builtin_prefetch" in x)
-    assert f"+ {512 * nr * 4}u + 64u * (uint64_t)((polyc_lo0 / {mr} * 512 + " in line, line
+    assert f"+ {512 * nr * 4}u + 64u * (uint64_t)(((polyc_lo0 / {mr}) * 512 + " in line, line
     assert line.rstrip().endswith(f"% {512 * nr * 4 // 64})), 0, 3);"), line
 
 
