@@ -512,30 +512,12 @@ class _Walker:
             first = firsts[-1]
             after = f"{block} - {step} * {first}" if runs else f"{step} * ({extent} - {first})"
             ahead = f"(uint64_t)({first} + {chain[-1][1]} < {extent} ? {stride} : {after})"
-        where = []
-        for j in range(per_step):
-            line = spread if per_step == 1 else f"{per_step} * ({spread})" + (f" + {j}" if j else "")
-            where.append(f"({line}) % {lines}")
-        fetches = []
-        for j, line in enumerate(where):
-            if not runs:
-                offset = f"64u * (uint64_t)({line})"
-            else:  # the run the line falls in, and the line within the run
-                fetches.append(cgen.Statement(f"const uint64_t polyc_pf_line{j} = {line}"))
-                run, inside = f"(polyc_pf_line{j} / {run_lines})", f"(polyc_pf_line{j} % {run_lines})"
-                parts, below = [], 1
-                for trips, gap in reversed(runs):
-                    digit = f"{run} / {below} % {trips}" if below > 1 else f"{run} % {trips}"
-                    parts.append(f"{gap}u * ({digit})")
-                    below *= trips
-                offset = " + ".join(reversed(parts)) + f" + 64u * {inside}"
-            fetches.append(cgen.Statement(
-                f"__builtin_prefetch((const void *)((uintptr_t)&{element} + {ahead}"
-                f" + {offset}), 0, 3)"))
+        fetches = _line_prefetches(f"(uintptr_t)&{element} + {ahead}", spread, per_step,
+                                   lines, run_lines, runs)
         prefix = [cgen.Block(decls + fetches)]
         return _prepend_in_loop(inner, f" {kname} = ", prefix) or inner
 
-    def _row_tile_number(self, p: Promotion, stmt, w: E.Read, cols: int) -> tuple[str, int]:
+    def _row_tile_number(self, p: Promotion, stmt: Statement, w: E.Read, cols: int) -> tuple[str, int]:
         """The C expression numbering the register tile among those that read the same
         panel of ``w`` (consecutive tiles, consecutive numbers), and how many there are:
         the tile's place along each dimension of the write that ``w`` does not follow
@@ -855,6 +837,33 @@ CHUNK_PREFETCH = True
 #: at most this many lines a step where the tiles that read a panel have fewer steps
 #: than the next panel has lines (Winograd's products: three tiles of 16 rows)
 PREFETCH_LINES_MAX = 4
+
+
+def _line_prefetches(base: str, spread: str, per_step: int, lines: int, run_lines: int,
+                     runs: list[tuple[int, int]]) -> list[cgen.Generable]:
+    """The prefetches of one step: ``per_step`` consecutive lines from line ``per_step *
+    spread`` (modulo ``lines``) of the panel at address ``base``. A panel of several runs
+    (``runs``: each reduction loop's trips and the bytes between its runs, outermost
+    first; ``run_lines`` lines a run) places a line by its run's digits and its place in
+    the run."""
+    code: list[cgen.Generable] = []
+    for j in range(per_step):
+        line = spread if per_step == 1 else f"{per_step} * ({spread})" + (f" + {j}" if j else "")
+        line = f"({line}) % {lines}"
+        if not runs:
+            offset = f"64u * (uint64_t)({line})"
+        else:  # the run the line falls in, and the line within the run
+            code.append(cgen.Statement(f"const uint64_t polyc_pf_line{j} = {line}"))
+            run = f"(polyc_pf_line{j} / {run_lines})"
+            parts, below = [], 1
+            for trips, gap in reversed(runs):
+                digit = f"{run} / {below} % {trips}" if below > 1 else f"{run} % {trips}"
+                parts.append(f"{gap}u * ({digit})")
+                below *= trips
+            offset = " + ".join(reversed(parts)) + f" + 64u * (polyc_pf_line{j} % {run_lines})"
+        code.append(cgen.Statement(
+            f"__builtin_prefetch((const void *)({base} + {offset}), 0, 3)"))
+    return code
 
 
 def _plain_index(w: E.Read, iterators: tuple[str, ...], call: list[isl.AstExpr],
