@@ -73,12 +73,18 @@ def test_conv1x1(threads):
 
 
 def test_rows_balance_threads(monkeypatch):
-    """600 rows on a 1 MB L2 (budget 256) and 2 threads: 4 blocks of 152 (the last 144)."""
+    """1200 rows on a 1 MB L2 and 2 threads (the A block takes half the L2: budget 512
+    rows of 256): 4 blocks of 304 (the last 288); 600 rows, 2 blocks of 304. One thread:
+    a quarter of the L2, 600 rows in 3 blocks of 200."""
     monkeypatch.setattr(machine, "l2_bytes", lambda: 1 << 20)
-    op = polyc.define(MATMUL, threads=2, register_tile=(8, 64))
-    _check(op, [(600, 256), (256, 70)], lambda A, B: A @ B)
-    assert _row_block(op) == 152
-    assert "omp parallel for" in op.c_source
+    for m, rows in ((1200, 304), (600, 304)):
+        op = polyc.define(MATMUL, threads=2, register_tile=(8, 64))
+        _check(op, [(m, 256), (256, 70)], lambda A, B: A @ B)
+        assert _row_block(op) == rows, m
+        assert "omp parallel for" in op.c_source
+    one = polyc.define(MATMUL, threads=1, register_tile=(8, 64))
+    _check(one, [(600, 256), (256, 70)], lambda A, B: A @ B)
+    assert _row_block(one) == 200
 
 
 def test_rows_from_l2_size(monkeypatch):
@@ -101,3 +107,27 @@ def test_explicit_tiles_and_parametric_kernels_keep_their_rows():
     par = polyc.define(MATMUL, specialize=False, threads=2, register_tile=(8, 64))
     _check(par, [(300, 37), (37, 70)], lambda A, B: A @ B)
     assert _row_block(par) == 32
+
+
+def test_near_tie_keeps_the_row_split(monkeypatch):
+    """1000 x 1000 x 1000 on 2 threads: a row split leaves each thread all of the packed
+    ``B`` (16 blocks of 64 columns: 2.4% more bytes than ``A``), a split of the column
+    blocks all of ``A``. Within :data:`optimize.SHARED_SLACK` that is a tie, and the
+    threads split the rows (each reuses its ``A`` block over every column block; matmul
+    3000 by column blocks streamed ``A`` once per block); with no slack, the column
+    blocks. Both right."""
+    from polyc.schedule import optimize
+    shapes = [(1000, 1000), (1000, 1000)]
+
+    def parallel_loops(op):
+        lines = op.c_source.splitlines()
+        return [lines[i + 1].strip() for i, x in enumerate(lines) if "omp parallel for" in x]
+
+    op = polyc.define(MATMUL, threads=2)
+    _check(op, shapes, lambda A, B: A @ B)
+    assert "_packed[" in op.c_source
+    assert re.match(r"for \(int64_t c0 = 0; c0 <= 999; c0 \+= \d+\)", parallel_loops(op)[-1])
+    monkeypatch.setattr(optimize, "SHARED_SLACK", 1.0)
+    cols = polyc.define(MATMUL, threads=2)
+    _check(cols, shapes, lambda A, B: A @ B)
+    assert parallel_loops(cols)[-1] == "for (int64_t c0 = 0; c0 <= 15; c0 += 1)"
