@@ -517,7 +517,8 @@ class _Walker:
         prefix = [cgen.Block(decls + fetches)]
         return _prepend_in_loop(inner, f" {kname} = ", prefix) or inner
 
-    def _row_tile_number(self, p: Promotion, stmt: Statement, w: E.Read, cols: int) -> tuple[str, int]:
+    def _row_tile_number(self, p: Promotion, stmt: Statement, w: E.Read,
+                         cols: int) -> tuple[str, int]:
         """The C expression numbering the register tile among those that read the same
         panel of ``w`` (consecutive tiles, consecutive numbers), and how many there are:
         the tile's place along each dimension of the write that ``w`` does not follow
@@ -848,7 +849,8 @@ def _line_prefetches(base: str, spread: str, per_step: int, lines: int, run_line
     the run."""
     code: list[cgen.Generable] = []
     for j in range(per_step):
-        line = spread if per_step == 1 else f"{per_step} * ({spread})" + (f" + {j}" if j else "")
+        line = spread if per_step == 1 else \
+            f"{per_step} * ({spread})" + (f" + {j}" if j else "")
         line = f"({line}) % {lines}"
         if not runs:
             offset = f"64u * (uint64_t)({line})"

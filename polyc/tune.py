@@ -45,6 +45,7 @@ from typing import Any
 import islpy as isl
 import numpy as np
 
+from . import dtypes as D
 from . import expr as E
 from .errors import PolycWarning
 from .ir import Kernel
@@ -347,7 +348,6 @@ def candidates(kernel: Kernel, options: Options, best: Callable[[], Candidate],
         reg = now.register_tile
         shape = (reg if isinstance(reg, tuple) else default_reg) if reg is not False else None
         if shape is not None:  # the chunk the compiler gives a register tile of that shape
-            from . import dtypes as D
             from .schedule.optimize import reduction_chunk
             r = reduction_chunk(shape[0], D.itemsize(_dtype(kernel)))
         variants = [(o * 2, r, v), (o, r * 2, v), (o, r // 2, v), (o // 2, r, v),

@@ -49,11 +49,11 @@ def fit_rows(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
         return sizes
     itemsize = D.itemsize(kernel.array(reg.array).dtype)
     depth = reduction_depth(sizes, node, kernel)
-    share = ROW_BLOCK_L2_FRACTION_THREADS if options.parallel and \
-        machine.threads(options.threads) > 1 else ROW_BLOCK_L2_FRACTION
+    cores = machine.threads(options.threads) if options.parallel else 1
+    share = ROW_BLOCK_L2_FRACTION_THREADS if cores > 1 else ROW_BLOCK_L2_FRACTION
     budget = machine.l2_bytes() // share // max(1, depth * itemsize)
     budget = max(reg.mr, budget // reg.mr * reg.mr)
-    threads = machine.threads(options.threads) if reg.u == 0 and options.parallel else 1
+    threads = cores if reg.u == 0 else 1
     sizes = list(sizes)
     sizes[reg.u] = balanced_rows(ext, budget, threads, reg.mr)
     return sizes

@@ -511,7 +511,8 @@ def _parallel_member(node: isl.ScheduleNode, kernel: Kernel, sizes: list[int],
     read by every thread (:func:`_replicated_bytes`: what the threads all read is what
     that member does not index): MLP's 64-row batch times a 784 x 512 weight matrix
     split by rows had each thread stream all 1.6 MB of weights, split by column blocks
-    each reads half of them and all of the 200 KB input. Otherwise
+    each reads half of them and all of the 200 KB input; the default member where it
+    leaves at most :data:`SHARED_SLACK` times the fewest (a near tie). Otherwise
     :func:`_default_member`."""
     default = _default_member(sizes, extents, flags)
     trips = _trips(sizes, extents)
