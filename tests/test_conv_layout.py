@@ -84,6 +84,8 @@ SHAPES = [
     (24, 32, 6, 6, 2, 1, 0),
     (16, 192, 7, 9, 3, 1, 1),  # three weight blocks of 64 output channels
     (20, 80, 6, 5, 3, 2, 1),  # five blocks of 16
+    (24, 144, 9, 13, 1, 1, 0),  # three blocks of 48 (MobileNetV2's expand convs)
+    (16, 96, 5, 11, 3, 1, 1),  # two blocks of 48
     # fewer input channels than a vector, on outputs narrower than one: LeNet-5's second
     # conv (6 channels, 5x5, 10 columns), a strided stem, one input channel
     (6, 16, 14, 14, 5, 1, 0),
@@ -199,8 +201,8 @@ def test_layout_pass_transposes_the_weights_once():
     assert "W" not in g.constants  # the NCHW weights are gone
 
 
-@pytest.mark.parametrize("m,block", [(16, 16), (48, 16), (96, 32), (128, 64), (2048, 64),
-                                     (24, 24), (40, 40)])
+@pytest.mark.parametrize("m,block", [(16, 16), (48, 48), (96, 48), (144, 48), (160, 32),
+                                     (128, 64), (2048, 64), (80, 16), (24, 24), (40, 40)])
 def test_blocked_weights(m, block):
     from polyc.frontend.onnx_layout import blocked_weights, channel_block
     assert channel_block(m) == block
@@ -803,12 +805,12 @@ def test_pointwise_conv_split_by_rows_is_correct(threads):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_small_panel_blocks_run_inside_the_rows(threads, tmp_cache, monkeypatch):
-    """A 1x1 conv over 16 channels into 96 (three 32-channel weight blocks, a 6 KB panel)
+    """A 1x1 conv over 16 channels into 144 (three 48-channel weight blocks, a 9 KB panel)
     runs its blocks inside the register tile's rows (``_panels_inside_rows``): each
-    pixel's 96 outputs are written together. The copy-out then writes runs of 96
-    channels (``* 96 +`` with the block inside the pixel loop); the result matches
+    pixel's 144 outputs are written together. The copy-out then writes runs of 144
+    channels (``* 144 +`` with the block inside the pixel loop); the result matches
     onnxruntime either way."""
-    model = _conv_model(16, 96, 19, 23, 1, 1, 0, residual=False)
+    model = _conv_model(16, 144, 19, 23, 1, 1, 0, residual=False)
     feeds = _feeds(model)
     want = onnxruntime_outputs(model, feeds)[0]
     sources = {}
