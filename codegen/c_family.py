@@ -299,6 +299,9 @@ class _Walker:
         element = stored.text
         local = acc + "".join(f"[polyc_r{d}]" for d in kept)
 
+        steps = _reduction_steps(body)
+        short = steps is not None and steps <= ROWS_UNROLLED_STEPS
+
         def copy(stmt: str) -> cgen.Generable:
             return copy_block(cgen.Statement(stmt))
 
@@ -309,7 +312,7 @@ class _Walker:
                 loop = cgen.For(f"{it} polyc_r{d} = 0", f"polyc_r{d} <= {spans[d]}",
                                 f"polyc_r{d} += 1", _block(body))
                 simd = depth == 0 and self.options.vectorize and self.dialect.simd_pragma
-                unroll = depth > 0 and ROWS_UNROLLED and self.dialect.unroll_pragma
+                unroll = depth > 0 and short and self.dialect.unroll_pragma
                 body = [cgen.Pragma(self.dialect.simd_pragma), loop] if simd else \
                     [cgen.Pragma(self.dialect.unroll_pragma.format(dims[kept.index(d)])),
                      loop] if unroll else [loop]
@@ -834,12 +837,15 @@ class _Walker:
 QUAD_TARGET = "defined(__AVX512VNNI__) && defined(__AVX512F__)"
 
 
-#: the copy-in and copy-out of a register tile unroll their rows (the loops outside the
-#: vector one): gcc then keeps the accumulator in registers from its zeroing to its store
-#: where it did a ``memset`` and a round trip through the stack. It shows where the
-#: reduction is short: MobileNetV2's depthwise tiles (9 taps) 5-10% faster warm, the
-#: model 0.985x at 1 thread (Zen 5); matmul, ResNet-50 and BERT within noise
-ROWS_UNROLLED = True
+#: the copy-in and copy-out of a register tile whose reduction takes at most this many
+#: steps unroll their rows (the loops outside the vector one): gcc then keeps the
+#: accumulator in registers from its zeroing to its store where it did a ``memset`` and
+#: a round trip through the stack, which costs as much as a short reduction. MobileNetV2's
+#: depthwise tiles (9 taps) 5-10% faster warm, the model 0.985x at 1 thread (Zen 5). A
+#: long reduction gains nothing, and an epilogue with many constants then spills the
+#: accumulators (ResNet-50 in float16, its two float16 roundings: 1.013x with every
+#: tile unrolled)
+ROWS_UNROLLED_STEPS = 32
 #: float register tiles prefetch their next weight panel (:meth:`_Walker._panel_prefetch`)
 PANEL_PREFETCH = True
 #: ... and a tile over a chunk of its reduction the next chunk
@@ -889,6 +895,21 @@ def _plain_index(w: E.Read, iterators: tuple[str, ...], call: list[isl.AstExpr],
                            for j, ix in enumerate(w.indices) if j != at[0]):
         return None
     return at[0]
+
+
+def _reduction_steps(n: isl.AstNode) -> int | None:
+    """The steps of the loops below a register mark (``n``, down to the first node that
+    is not a loop: the block of a step's unrolled rows): their trip counts multiplied,
+    1 for a degenerate loop, a chunk's at most; None where one is not a constant."""
+    steps = 1
+    while n.get_type() == isl.ast_node_type.for_:
+        if not n.for_is_degenerate():
+            trips = _loop_trips(n)
+            if trips is None:
+                return None
+            steps *= trips[0]
+        n = n.for_get_body()
+    return steps
 
 
 def _loop_trips(n: isl.AstNode) -> tuple[int, bool] | None:
