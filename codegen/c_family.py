@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -404,21 +406,11 @@ class _Walker:
         rows = write[kept[0]] if len(kept) == 2 else None
         if kept[-1] != cols or (rows is not None and not isinstance(rows, E.Index)):
             return inner
-        chain = []  # the reduction loops down to the innermost, each over its whole
-        loop = body  # extent; or one loop over a chunk of a tiled reduction, whose next
-        chunk = False  # chunk comes next
-        while True:
-            if loop.get_type() != isl.ast_node_type.for_:
-                return inner
-            found = _loop_trips(loop)
-            last = loop.for_get_body().get_type() != isl.ast_node_type.for_
-            if found is None or (found[1] and not (CHUNK_PREFETCH and last)):
-                return inner
-            trips, chunk = found
-            chain.append((loop, trips))
-            if last:
-                break
-            loop = loop.for_get_body()
+        found = _reduction_chain(body)
+        if found is None:
+            return inner
+        chain, chunk = found
+        loop = chain[-1][0]
         users = _user_calls(loop.for_get_body())
         simd = _first_for(loop.for_get_body())
         if not users or simd is None or any(
@@ -426,26 +418,10 @@ class _Walker:
             return inner
         v = simd.for_get_iterator().get_id().get_name()
         call = [users[0].get_op_arg(i + 1) for i in range(len(stmt.iterators))]
-        # the iterator the vector loop runs: the write's last index, or its lane in a
-        # packed block
-        lanes = _iterator_at(stmt.iterators, call, v)
-        if len(lanes) != 1 or lanes[0] not in E.free_names(write[cols])[0]:
+        operand = _panel_operand(stmt, call, v, rows, cols)
+        if operand is None:
             return inner
-        lane = lanes[0]
-        reductions = {it for it in stmt.iterators
-                      if not any(it in E.free_names(ix)[0] for ix in write)}
-        panel = [r for r in E.reads(stmt.value) if r.array != stmt.write.array
-                 and any(lane in E.free_names(ix)[0] for ix in r.indices)
-                 and (rows is None or not any(rows.name in E.free_names(ix)[0]
-                                              for ix in r.indices))]
-        if len(panel) != 1 or len(panel[0].indices) < 2:
-            return inner
-        w = panel[0]
-        blocks = [j for j, ix in enumerate(w.indices)
-                  if E.free_names(ix)[0] and not E.free_names(ix)[0] & reductions
-                  and lane not in E.free_names(ix)[0]]
-        if not blocks:
-            return inner
+        w, blocks = operand
         sizes = dict(self.kernel.fixed_sizes)
         arr = self.kernel.array(w.array)
         try:  # the next panel: one step of the innermost block index
@@ -472,24 +448,15 @@ class _Walker:
         used = E.free_names(w)[0]  # the iterators W's element needs, at the panel's
         args = {it: a for it, a in zip(stmt.iterators, call)  # start: the lane at the
                 if it in used}  # vector loop's, the reductions at their loops' first
-        names_in = [lp.for_get_iterator().get_id().get_name() for lp, _ in chain] + [v]
-        saved = {n: self.isl_names.get(n) for n in names_in}
-        try:
-            for n in names_in:
-                self.isl_names[n] = "polyc_no_loop_variable"
-            firsts = [self._isl(lp.for_get_init()).text for lp, _ in chain]
-            start = self._isl(simd.for_get_init()).text
-            for n, first in zip(names_in, firsts + [start]):
-                self.isl_names[n] = f"({first})"
-            values = {it: self._isl(a).text for it, a in args.items()}
-        finally:
-            for n, old in saved.items():
-                if old is None:
-                    del self.isl_names[n]
-                else:
-                    self.isl_names[n] = old
-        if "polyc_no_loop_variable" in start:
+        loops = [lp for lp, _ in chain] + [simd]
+        iterators = [lp.for_get_iterator().get_id().get_name() for lp in loops]
+        with self._bound(dict.fromkeys(iterators, _LOOP_VARIABLE)):
+            firsts = [self._isl(lp.for_get_init()).text for lp in loops]
+        if any(_LOOP_VARIABLE in f for f in firsts):  # a first step set by another loop
             return inner
+        with self._bound({n: f"({f})" for n, f in zip(iterators, firsts)}):
+            values = {it: self._isl(a).text for it, a in args.items()}
+        firsts = firsts[:-1]  # (the vector loop's first lane: in values)
         terms, inner_trips = [], 1  # this step's number in the tile's reduction
         for (lp, trips), first in reversed(list(zip(chain, firsts))):
             it = self._isl(lp.for_get_iterator()).text
@@ -522,6 +489,21 @@ class _Walker:
                                    lines, run_lines, runs)
         prefix = [cgen.Block(decls + fetches)]
         return _prepend_in_loop(inner, f" {kname} = ", prefix) or inner
+
+    @contextmanager
+    def _bound(self, values: dict[str, str]) -> Iterator[None]:
+        """The AST iterators ``values`` names print as the C given there while in the
+        ``with`` block (a loop's iterator at its first step, say); restored after."""
+        saved = {n: self.isl_names.get(n) for n in values}
+        self.isl_names.update(values)
+        try:
+            yield
+        finally:
+            for n, old in saved.items():
+                if old is None:
+                    del self.isl_names[n]
+                else:
+                    self.isl_names[n] = old
 
     def _row_tile_number(self, p: Promotion, stmt: Statement, w: E.Read,
                          cols: int) -> tuple[str, int]:
@@ -619,20 +601,12 @@ class _Walker:
         args = {it: call.get_op_arg(i + 1) for i, it in enumerate(stmt.iterators)}
         if not _moves_by_one(args[q], iterator):
             return None  # the reduction is not this loop's iterator (plus a constant)
-        saved = self.isl_names.get(iterator)
-        try:
-            self.isl_names[iterator] = "polyc_no_loop_variable"
+        with self._bound({iterator: _LOOP_VARIABLE}):
             others = {it: self._isl(a).text for it, a in args.items()
                       if it not in (lane.name, q) and (row is None or it != row.name)}
-            self.isl_names[iterator] = f"({init})"
+        with self._bound({iterator: f"({init})"}):
             first = self._isl(args[q]).text
-        finally:
-            if saved is None:
-                del self.isl_names[iterator]
-            else:
-                self.isl_names[iterator] = saved
-        if any("polyc_no_loop_variable" in v for v in others.values()) or \
-                "polyc_no_loop_variable" in first:
+        if any(_LOOP_VARIABLE in v for v in others.values()) or _LOOP_VARIABLE in first:
             return None
         values = {**others, q: first, lane.name: f"polyc_lo{cols}"}
         if row is not None:
@@ -895,6 +869,60 @@ def _plain_index(w: E.Read, iterators: tuple[str, ...], call: list[isl.AstExpr],
                            for j, ix in enumerate(w.indices) if j != at[0]):
         return None
     return at[0]
+
+
+#: what an AST iterator prints as where its value must not appear (the C then refuses)
+_LOOP_VARIABLE = "polyc_no_loop_variable"
+
+
+def _reduction_chain(body: isl.AstNode) -> tuple[list[tuple[isl.AstNode, int]], bool] | None:
+    """The reduction loops below a register mark (``body``) down to the innermost, with
+    their trip counts, each over its whole extent; or ending in one loop over a chunk of
+    a tiled reduction (``True``: its next chunk comes next). None for any other nest."""
+    chain = []
+    loop = body
+    while True:
+        if loop.get_type() != isl.ast_node_type.for_:
+            return None
+        found = _loop_trips(loop)
+        last = loop.for_get_body().get_type() != isl.ast_node_type.for_
+        if found is None or (found[1] and not (CHUNK_PREFETCH and last)):
+            return None
+        trips, chunk = found
+        chain.append((loop, trips))
+        if last:
+            return chain, chunk
+        loop = loop.for_get_body()
+
+
+def _panel_operand(stmt: Statement, call: list[isl.AstExpr], v: str, rows: E.Index | None,
+                   cols: int) -> tuple[E.Read, list[int]] | None:
+    """The operand whose panels a register tile of ``stmt`` streams (``call``: the
+    statement's iterators at the innermost step, ``v`` the vector loop's iterator, ``rows``
+    the tile's row index, ``cols`` the write's column dimension): the one read the vector
+    loop walks and the rows do not, with its block indices (those naming an iterator
+    that is neither a reduction's nor the lane's). None where there is no such single
+    operand or it has no block index."""
+    write = stmt.write.indices
+    # the iterator the vector loop runs: the write's last index, or its lane in a
+    # packed block
+    lanes = _iterator_at(stmt.iterators, call, v)
+    if len(lanes) != 1 or lanes[0] not in E.free_names(write[cols])[0]:
+        return None
+    lane = lanes[0]
+    reductions = {it for it in stmt.iterators
+                  if not any(it in E.free_names(ix)[0] for ix in write)}
+    panel = [r for r in E.reads(stmt.value) if r.array != stmt.write.array
+             and any(lane in E.free_names(ix)[0] for ix in r.indices)
+             and (rows is None or not any(rows.name in E.free_names(ix)[0]
+                                          for ix in r.indices))]
+    if len(panel) != 1 or len(panel[0].indices) < 2:
+        return None
+    w = panel[0]
+    blocks = [j for j, ix in enumerate(w.indices)
+              if E.free_names(ix)[0] and not E.free_names(ix)[0] & reductions
+              and lane not in E.free_names(ix)[0]]
+    return (w, blocks) if blocks else None
 
 
 def _reduction_steps(n: isl.AstNode) -> int | None:
