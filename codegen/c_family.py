@@ -314,7 +314,10 @@ class _Walker:
                 loop = cgen.For(f"{it} polyc_r{d} = 0", f"polyc_r{d} <= {spans[d]}",
                                 f"polyc_r{d} += 1", _block(body))
                 simd = depth == 0 and self.options.vectorize and self.dialect.simd_pragma
-                unroll = depth > 0 and short and self.dialect.unroll_pragma
+                # (a partial tile's row count is an expression: gcc ignores the pragma
+                # there, with a warning)
+                unroll = depth > 0 and short and self.dialect.unroll_pragma \
+                    and spans[d].isdigit()
                 body = [cgen.Pragma(self.dialect.simd_pragma), loop] if simd else \
                     [cgen.Pragma(self.dialect.unroll_pragma.format(dims[kept.index(d)])),
                      loop] if unroll else [loop]
