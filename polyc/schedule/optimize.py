@@ -512,11 +512,15 @@ def _parallel_member(node: isl.ScheduleNode, kernel: Kernel, sizes: list[int],
     that member does not index): MLP's 64-row batch times a 784 x 512 weight matrix
     split by rows had each thread stream all 1.6 MB of weights, split by column blocks
     each reads half of them and all of the 200 KB input; the default member where it
-    leaves at most :data:`SHARED_SLACK` times the fewest (a near tie). Otherwise
-    :func:`_default_member`."""
+    leaves at most :data:`SHARED_SLACK` times the fewest (a near tie). A member in one
+    tile counts where it can be cut for the threads (:data:`CUT_TO_SHARE_LEAST`; the
+    caller's :func:`_balanced` cuts it). Otherwise :func:`_default_member`."""
     default = _default_member(sizes, extents, flags)
     trips = _trips(sizes, extents)
-    cands = [i for i in range(len(flags)) if flags[i] and (trips[i] or 0) >= threads]
+    cands = [i for i in range(len(flags)) if flags[i] and (
+        (trips[i] or 0) >= threads or (CUT_TO_SHARE_LEAST and extents[i] is not None
+                                       and _thread_cut(extents[i], reg, i, threads)
+                                       < extents[i]))]
     if not SPLIT_LEAST_SHARED or threads < 2 or reg is None or default not in cands \
             or len(cands) < 2:
         return default
@@ -550,6 +554,13 @@ def _replicated_bytes(node: isl.ScheduleNode, kernel: Kernel, member: int) -> in
 
 #: let the threads split the member that leaves them the fewest shared reads
 SPLIT_LEAST_SHARED = True
+#: ... counting a member in one tile that can be cut for the threads: ResNet-50's 28x28
+#: and 14x14 1x1 convs had one tile of rows, so the threads split the output channels
+#: and each read all of the input the other had just written; split by rows, each reads
+#: the rows it wrote (and all of the weights). Zen 5, 2 threads, one process, A/B pairs
+#: sorted by the cross-core round trip around each: ResNet-50 0.988x of the time with the
+#: two vCPUs close, 0.977x far apart; MobileNetV2 0.995x / 0.970x; BERT the same C
+CUT_TO_SHARE_LEAST = True
 #: ... or the default member where it leaves at most this many times those: matmul 3000
 #: split its 47 column blocks (every thread streaming all 36 MB of A once per block)
 #: rather than its rows because its packed B, padded to whole blocks, was 0.3% larger;
