@@ -313,14 +313,14 @@ class _Walker:
             for depth, d in enumerate(reversed(kept)):
                 loop = cgen.For(f"{it} polyc_r{d} = 0", f"polyc_r{d} <= {spans[d]}",
                                 f"polyc_r{d} += 1", _block(body))
-                simd = depth == 0 and self.options.vectorize and self.dialect.simd_pragma
-                # (a partial tile's row count is an expression: gcc ignores the pragma
-                # there, with a warning)
-                unroll = depth > 0 and short and self.dialect.unroll_pragma \
-                    and spans[d].isdigit()
-                body = [cgen.Pragma(self.dialect.simd_pragma), loop] if simd else \
-                    [cgen.Pragma(self.dialect.unroll_pragma.format(dims[kept.index(d)])),
-                     loop] if unroll else [loop]
+                body = [loop]
+                if depth == 0 and self.options.vectorize and self.dialect.simd_pragma:
+                    body.insert(0, cgen.Pragma(self.dialect.simd_pragma))
+                elif depth > 0 and short and self.dialect.unroll_pragma \
+                        and spans[d].isdigit():  # (a partial tile's row count is an
+                    # expression: gcc ignores the pragma there, with a warning)
+                    body.insert(0, cgen.Pragma(self.dialect.unroll_pragma.format(
+                        dims[kept.index(d)])))
             return _block(body)
 
         self.promoted[p.array] = (acc, [(d, f"polyc_lo{d}") for d in kept])

@@ -461,12 +461,18 @@ def _split_for_threads(sizes: list[int], extents: list[int | None], flags: list[
         return sizes
     known = [i for i in range(len(sizes)) if flags[i] and (extents[i] or 0) >= 2]
     for best in sorted(known, key=lambda i: -(extents[i] or 0)):
-        size = _thread_cut(extents[best] or 0, reg, best, threads)
-        if size < (extents[best] or 0):  # (a 32-channel vector member cannot be cut)
+        if _cuttable(extents[best], reg, best, threads):
             sizes = list(sizes)
-            sizes[best] = size
+            sizes[best] = _thread_cut(extents[best] or 0, reg, best, threads)
             return sizes
     return sizes
+
+
+def _cuttable(extent: int | None, reg: register_tile.Plan | None, member: int,
+              threads: int) -> bool:
+    """Whether ``member`` can be cut into tiles for ``threads`` (a 32-channel vector
+    member, one register tile wide, cannot)."""
+    return extent is not None and _thread_cut(extent, reg, member, threads) < extent
 
 
 def _unit(reg: register_tile.Plan | None, member: int) -> tuple[int, bool]:
@@ -518,9 +524,8 @@ def _parallel_member(node: isl.ScheduleNode, kernel: Kernel, sizes: list[int],
     default = _default_member(sizes, extents, flags)
     trips = _trips(sizes, extents)
     cands = [i for i in range(len(flags)) if flags[i] and (
-        (trips[i] or 0) >= threads or (CUT_TO_SHARE_LEAST and extents[i] is not None
-                                       and _thread_cut(extents[i], reg, i, threads)
-                                       < extents[i]))]
+        (trips[i] or 0) >= threads
+        or (CUT_TO_SHARE_LEAST and _cuttable(extents[i], reg, i, threads)))]
     if not SPLIT_LEAST_SHARED or threads < 2 or reg is None or default not in cands \
             or len(cands) < 2:
         return default
