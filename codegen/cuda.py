@@ -89,6 +89,7 @@ class CudaDialect(CDialect):
     iterator_prefix = "[[maybe_unused]] "
     vnni_intrinsics = False
     panel_prefetch = False
+    round_rows = False
 
 
 @dataclass(frozen=True)

@@ -397,6 +397,57 @@ def r(float(N) X) -> (Y, Z) {
         np.testing.assert_array_equal(z[okz].view(np.uint16), want_z[okz].view(np.uint16))
 
 
+def test_hoisted_roundings_keep_their_order_and_their_conditions():
+    """``hoist_roundings`` takes the innermost rounding first, gives each its own
+    temporary, and leaves a statement alone where a rounding sits under ``?:``."""
+    from polyc.codegen.c_expr import hoist_roundings
+    f = "polyc_round_f16"
+    assert hoist_roundings(f"y = g((float){f}((float){f}(a + b) * c))", f, "t{}[i]") == (
+        ["a + b", "t0[i] * c"], "y = g(t1[i])")
+    assert hoist_roundings(f"y = {f}(a) + {f}(b[(i)])", f, "t{}") == (["a", "b[(i)]"],
+                                                                      "y = t0 + t1")
+    assert hoist_roundings(f"y = c ? {f}(X[i]) : 0.0f", f, "t{}") is None
+    assert hoist_roundings("y = a + b", f, "t{}") is None
+
+
+@pytest.mark.parametrize("isa", [(), ("-mno-avx512f",), ("-mno-avx",)],
+                         ids=["native", "no-avx512", "no-f16c"])
+@pytest.mark.parametrize("rows", [True, False], ids=["rows", "per-element"])
+def test_register_tile_copy_out_rounds_to_float16_bit_for_bit(isa, rows, monkeypatch):
+    """A register tile whose copy-out rounds to float16 twice (``float16(float16(C +
+    R) * 3)``) rounds each row with F16C's conversions (``polyc_round_f16_row``:
+    AVX-512 with a masked tail, 256-bit F16C, or the scalar helper): numpy's bits over
+    the float16 boundaries, the specials and random floats, on tiles cut at every edge
+    (999 columns). ``B`` is zero and ``A`` positive, so ``C`` is +0 and the first
+    rounding sees ``R`` itself (a reduction of one step takes no register tile)."""
+    from polyc.codegen import c_family
+    monkeypatch.setattr(c_family, "ROUND_ROWS_F16", rows)
+    src = """
+def f(float(M,K) A, float(K,N) B, float(M,N) R) -> (Y, Z) {
+  C(m,n) +=! A(m,k) * B(k,n)
+  Y(m,n) = float(float16(float16(C(m,n) + R(m,n)) * 3.0))
+  D(m,n) +=! A(m,k) * B(k,n)
+  Z(m,n) = float(float16(D(m,n) + R(m,n)))
+}"""
+    x = _float32_edge_cases()
+    n = 999
+    m = -(-x.size // n)
+    r = np.resize(x, m * n).reshape(m, n)
+    a = np.random.default_rng(3).uniform(0.5, 2, (m, 2)).astype(np.float32)
+    b = np.zeros((2, n), np.float32)
+    op = polyc.define(src, register_tile=(4, 64), cflags=isa)
+    got_y, got_z = op(a, b, r)
+    with np.errstate(over="ignore", invalid="ignore"):
+        first = (np.float32(0) + r).astype(np.float16)
+        want_y = (first * np.float16(3)).astype(np.float32)
+        want_z = first.astype(np.float32)
+    assert ("polyc_round_f16_row(polyc_t1" in op.c_source) == rows
+    for got, want in ((got_y, want_y), (got_z, want_z)):
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        ok = ~np.isnan(want)
+        np.testing.assert_array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32))
+
+
 @pytest.mark.parametrize("dt,zero", [(TensorProto.UINT8, 131), (TensorProto.INT8, -7),
                                      (TensorProto.UINT16, 40000), (TensorProto.INT16, 0)])
 def test_quantize_clamps_before_rounding_exactly(dt, zero, monkeypatch, tmp_path):
