@@ -627,11 +627,15 @@ def test_channel_last_block_on_cuda_emulation():
     ("MatMul", (2, 3, 7, 29), 256, {}),      # batch dimensions, whole blocks
     ("Gemm", (19, 41), 100, dict(alpha=0.5, beta=2.0)),
     ("Gemm", (5, 70), 192, dict(transB=1)),  # transposed first, then blocked
+    ("Gemm", (37, 53), 10, dict(transB=1)),  # 10 classes: one block of 16 columns
+    ("MatMul", (2, 19, 29), 40, {}),         # one block of 48
 ])
 def test_matmul_with_constant_b_runs_on_column_blocks(op, a_shape, n, extra, tmp_cache):
     """A MatMul (or a Gemm without transposes) with a constant B of more than 64
-    columns reads B in column blocks (64, K, 64): against onnxruntime, on sizes that
-    are not multiples of the block or of the register tile."""
+    columns reads B in column blocks (64, K, 64), one of fewer columns that are not
+    whole cache lines in one block padded to whole lines (10 -> 16): against
+    onnxruntime, on sizes that are not multiples of the block or of the register
+    tile."""
     from polyc.frontend.onnx_import import load_graph
     from polyc.frontend.onnx_layout import COLUMN_BLOCK, MATMUL_BLOCKED, blocked_columns
     from polyc.frontend.onnx_passes import optimize_graph
@@ -654,7 +658,8 @@ def test_matmul_with_constant_b_runs_on_column_blocks(op, a_shape, n, extra, tmp
     blocked = [x for x in graph.nodes if x.op_type == MATMUL_BLOCKED]
     assert stats["matmul_blocked"] == 1 and len(blocked) == 1
     want_b = blocked_columns(w.T if extra.get("transB") else w)
-    assert want_b.shape == (-(-n // COLUMN_BLOCK), k, COLUMN_BLOCK)
+    nb = COLUMN_BLOCK if n > COLUMN_BLOCK else -(-n // 16) * 16
+    assert want_b.shape == (-(-n // nb), k, nb)
     np.testing.assert_array_equal(graph.constants[blocked[0].inputs[1]], want_b)
     _check_against_onnxruntime(model, tmp_cache)
     feeds = _feeds(model)
@@ -681,6 +686,29 @@ def test_blocked_columns_pads_the_last_block():
     np.testing.assert_array_equal(blocks[1, :, :6], b[:, 64:])
     assert not blocks[1, :, 6:].any()
     np.testing.assert_array_equal(blocks[0], b[:, :64])
+    narrow = blocked_columns(b[:, :10])  # one block of whole cache lines
+    assert narrow.shape == (1, 3, 16) and not narrow[0, :, 10:].any()
+    np.testing.assert_array_equal(narrow[0, :, :10], b[:, :10])
+    assert blocked_columns(b[:, :10].astype(np.float64)).shape == (1, 3, 16)
+    assert blocked_columns(b[:, :8].astype(np.float64)).shape == (1, 3, 8)
+
+
+@pytest.mark.parametrize("rows,n,blocked", [(3, 10, False), (16, 10, True), (64, 32, False)])
+def test_narrow_columns_are_padded_over_enough_rows(rows, n, blocked):
+    """A narrow constant B (not whole cache lines) is padded only under at least
+    ``NARROW_ROWS_MIN`` rows of A (a matrix-vector product would stream more weight
+    bytes for nothing); whole lines (32 floats) are left as they are."""
+    from polyc.frontend.onnx_import import load_graph
+    from polyc.frontend.onnx_layout import MATMUL_BLOCKED
+    from polyc.frontend.onnx_passes import optimize_graph
+    w = np.random.default_rng(1).standard_normal((24, n)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "fc",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 24])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    graph = optimize_graph(load_graph(model), {})
+    assert any(x.op_type == MATMUL_BLOCKED for x in graph.nodes) == blocked
 
 
 @pytest.mark.parametrize("attrs", [dict(strides=[2, 2], pads=[0, 2, 1, 0]),
