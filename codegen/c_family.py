@@ -381,21 +381,30 @@ class _Walker:
 
         ResNet-50 in float16 at one thread: 0.967x of the time (rounding nothing at all
         would give 0.95x), Zen 5."""
-        if not (ROUND_ROWS_F16 and self.dialect.round_rows and self.options.vectorize):
+        hoisted = self._hoisted_roundings(stmt, lane)
+        if hoisted is None:
             return vector_loop(stmt)
+        row_fn, args, rest = hoisted
+        code: list[cgen.Generable] = []
+        for k, arg in enumerate(args):
+            code.append(cgen.Statement(f"float polyc_t{k}[{width}] "
+                                       f"{self.dialect.accumulator_attribute}".rstrip()))
+            code += vector_loop(cgen.Statement(f"polyc_t{k}[{lane}] = {arg}"))
+            code.append(cgen.Statement(f"{row_fn}(polyc_t{k}, {count})"))
+        return code + vector_loop(cgen.Statement(rest))
+
+    def _hoisted_roundings(self, stmt: cgen.Generable, lane: str
+                           ) -> tuple[str, list[str], str] | None:
+        """The row helper, the arguments and the rest of ``stmt`` with its float16
+        roundings hoisted (:func:`.c_expr.hoist_roundings`, the rows indexed by
+        ``lane``); None where there are none to hoist, or the target rounds no rows."""
+        if not (ROUND_ROWS_F16 and self.dialect.round_rows and self.options.vectorize):
+            return None
         for fn, row_fn in ROUND_ROWS.items():
             hoisted = hoist_roundings(str(stmt).rstrip(";"), fn, f"polyc_t{{}}[{lane}]")
-            if hoisted is None:
-                continue
-            args, rest = hoisted
-            code: list[cgen.Generable] = []
-            for k, arg in enumerate(args):
-                code.append(cgen.Statement(f"float polyc_t{k}[{width}] "
-                                           f"{self.dialect.accumulator_attribute}".rstrip()))
-                code += vector_loop(cgen.Statement(f"polyc_t{k}[{lane}] = {arg}"))
-                code.append(cgen.Statement(f"{row_fn}(polyc_t{k}, {count})"))
-            return code + vector_loop(cgen.Statement(rest))
-        return vector_loop(stmt)
+            if hoisted is not None:
+                return (row_fn, *hoisted)
+        return None
 
     def _panel_prefetch(self, p: Promotion, kept: list[int], body: isl.AstNode,
                         inner: list[cgen.Generable]) -> list[cgen.Generable]:
@@ -752,6 +761,10 @@ class _Walker:
         body = self.node(n.for_get_body(), (), in_parallel or parallel)
         if not parallel and "simd" not in kinds:
             body += self._exit(n, iterator, var)
+        if "simd" in kinds and pragmas and not parallel:
+            rounded = self._rounded_loop(n, iterator, var, pragmas)
+            if rounded is not None:
+                return rounded
         tail = None if parallel or "simd" not in kinds or not pragmas \
             else vector_tail(n, iterator, TAIL_LANES)
         if tail is not None:  # the main loop, then the remainder as a vector loop of its own
@@ -761,6 +774,33 @@ class _Walker:
                         f"{self.dialect.index_type} {var} = {a}", f"{var} <= {b}",
                         f"{var} += 1", _block(body))]]
         return [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, body)]
+
+    def _rounded_loop(self, n: isl.AstNode, iterator: str, var: str,
+                      pragmas: list[str]) -> list[cgen.Generable] | None:
+        """The vector loop ``n`` of one statement that rounds to float16, over a constant
+        range of at most :data:`ROUND_ROW_MAX` elements, as :meth:`_rounded_rows` writes
+        a register tile's row: a loop per rounding into a local row, rounded at once,
+        then the loop of the rest (a Winograd convolution's output transform with its
+        bias, in float16). None for any other loop."""
+        body = n.for_get_body()
+        bounds = constant_bounds(n, iterator)
+        if body.get_type() != isl.ast_node_type.user or bounds is None \
+                or not 0 < bounds[1] - bounds[0] + 1 <= ROUND_ROW_MAX:
+            return None
+        call = body.user_get_expr()
+        stmt = self.kernel.statement(call.get_op_arg(0).get_id().get_name())
+        decls, code = self._statement_parts(stmt, {
+            it: self._isl(call.get_op_arg(i + 1)).text for i, it in enumerate(stmt.iterators)})
+        lo, width = bounds[0], bounds[1] - bounds[0] + 1
+        lane = f"{var} - {lo}" if lo else var
+        if self._hoisted_roundings(code, lane) is None:
+            return None
+
+        def vector_loop(s: cgen.Generable) -> list[cgen.Generable]:
+            used = [d for d in decls  # (an unused one: gcc -Wall warns)
+                    if _mentions(str(s), str(d).split(" = ")[0].split()[-1])]
+            return [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, used + [s])]
+        return [cgen.Block(self._rounded_rows(code, lane, width, str(width), vector_loop))]
 
     def _loop(self, n: isl.AstNode, var: str, body: list[cgen.Generable]) -> cgen.For:
         """The loop of the AST's ``for`` node ``n`` as written, around ``body``."""
@@ -836,6 +876,12 @@ class _Walker:
 
     def _statement(self, stmt: Statement, values: dict[str, str]) -> cgen.Generable:
         """``stmt`` at the instance whose iterators have the C values ``values``."""
+        decls, code = self._statement_parts(stmt, values)
+        return cgen.Block(decls + [code]) if decls else code
+
+    def _statement_parts(self, stmt: Statement, values: dict[str, str]
+                         ) -> tuple[list[cgen.Generable], cgen.Statement]:
+        """:meth:`_statement` as the declarations of its iterators and the statement."""
         scope = self.sym.namer.child()
         used = _used_iterators(stmt)
         index_names, decls = {}, []
@@ -852,7 +898,7 @@ class _Walker:
         value = printer.expr(stmt.value, dtype, exact=stmt.is_reduction)
         code = cgen.Statement(update(stmt.op, target, value, dtype,
                                      stored=stmt.write.array not in printer.promoted))
-        return cgen.Block(decls + [code]) if decls else code
+        return decls, code
 
 
 #: the compiler target the VNNI variant needs
@@ -870,6 +916,8 @@ QUAD_TARGET = "defined(__AVX512VNNI__) && defined(__AVX512F__)"
 ROWS_UNROLLED_STEPS = 32
 #: register tiles round their rows to float16 with F16C (:meth:`_Walker._rounded_rows`)
 ROUND_ROWS_F16 = True
+#: ... and so do plain vector loops over at most this many elements
+ROUND_ROW_MAX = 1024
 #: float register tiles prefetch their next weight panel (:meth:`_Walker._panel_prefetch`)
 PANEL_PREFETCH = True
 #: ... and a tile over a chunk of its reduction the next chunk
@@ -1103,6 +1151,23 @@ TAIL_LANES = 16
 TAIL_SPLIT_VECTORS = 16
 
 
+def constant_bounds(n: isl.AstNode, iterator: str) -> tuple[int, int] | None:
+    """``(lo, hi)`` when the loop ``n`` over ``iterator`` runs ``lo..hi``, two constants,
+    by steps of one; else None."""
+    init, cond, inc = n.for_get_init(), n.for_get_cond(), n.for_get_inc()
+    if inc.get_type() != isl.ast_expr_type.int or inc.get_val().to_python() != 1 \
+            or init.get_type() != isl.ast_expr_type.int \
+            or cond.get_type() != isl.ast_expr_type.op \
+            or cond.get_op_type() not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt):
+        return None
+    a, b = cond.get_op_arg(0), cond.get_op_arg(1)
+    if not (a.get_type() == isl.ast_expr_type.id and a.get_id().get_name() == iterator
+            and b.get_type() == isl.ast_expr_type.int):
+        return None
+    return (init.get_val().to_python(),
+            b.get_val().to_python() - (cond.get_op_type() == isl.ast_expr_op_type.lt))
+
+
 def vector_tail(n: isl.AstNode, iterator: str, lanes: int) -> tuple[int, int, int] | None:
     """``(lo, split, hi)`` when the ``omp simd`` loop ``n`` runs ``lo..hi`` (constants,
     step 1) and its trip count leaves a remainder of two or more past a whole number of
@@ -1114,18 +1179,10 @@ def vector_tail(n: isl.AstNode, iterator: str, lanes: int) -> tuple[int, int, in
     NonMaxSuppression tail, whose step loops run over 20 classes (a 16-lane vector and 4
     scalar iterations), took 1.85 ms without the split and 1.37 ms with it, the
     remainder a loop of its own that gcc vectorizes with narrower vectors."""
-    init, cond, inc = n.for_get_init(), n.for_get_cond(), n.for_get_inc()
-    if inc.get_type() != isl.ast_expr_type.int or inc.get_val().to_python() != 1 \
-            or init.get_type() != isl.ast_expr_type.int \
-            or cond.get_type() != isl.ast_expr_type.op \
-            or cond.get_op_type() not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt):
+    bounds = constant_bounds(n, iterator)
+    if bounds is None:
         return None
-    a, b = cond.get_op_arg(0), cond.get_op_arg(1)
-    if not (a.get_type() == isl.ast_expr_type.id and a.get_id().get_name() == iterator
-            and b.get_type() == isl.ast_expr_type.int):
-        return None
-    lo = init.get_val().to_python()
-    hi = b.get_val().to_python() - (cond.get_op_type() == isl.ast_expr_op_type.lt)
+    lo, hi = bounds
     trip = hi - lo + 1
     if trip <= lanes or trip >= TAIL_SPLIT_VECTORS * lanes or trip % lanes < 2:
         return None

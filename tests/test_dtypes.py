@@ -397,6 +397,36 @@ def r(float(N) X) -> (Y, Z) {
         np.testing.assert_array_equal(z[okz].view(np.uint16), want_z[okz].view(np.uint16))
 
 
+@pytest.mark.parametrize("isa", [("-Wall", "-Werror"), ("-mno-avx512f",)],
+                         ids=["native", "no-avx512"])
+@pytest.mark.parametrize("rows", [True, False], ids=["rows", "per-element"])
+def test_short_vector_loops_round_their_rows_to_float16_bit_for_bit(isa, rows, monkeypatch):
+    """A vector loop over a constant range (100 columns: six vectors and a masked
+    tail) whose statement rounds to float16 twice rounds rows (``polyc_round_f16_row``),
+    as a register tile's copy-out does: numpy's bits over the float16 boundaries, the
+    specials and random floats (and no unused iterator in a row's loop: -Wall)."""
+    from polyc.codegen import c_family
+    monkeypatch.setattr(c_family, "ROUND_ROWS_F16", rows)
+    src = """
+def f(float(M,N) X, float(N) B) -> (Y) {
+  Y(m,n) = float(float16(float16(X(m,n) + B(n)) * 3.0))
+}"""
+    x = _float32_edge_cases()
+    n = 100
+    m = -(-x.size // n)
+    xs = np.resize(x, m * n).reshape(m, n)
+    b = np.zeros(n, np.float32)
+    b[::7] = np.float32(2.0 ** -20)  # a few columns shifted off the boundaries
+    op = polyc.define(src, cflags=isa)
+    got = op(xs, b)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = ((xs + b).astype(np.float16) * np.float16(3)).astype(np.float32)
+    assert ("polyc_round_f16_row(polyc_t1" in op.c_source) == rows
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32))
+
+
 def test_hoisted_roundings_keep_their_order_and_their_conditions():
     """``hoist_roundings`` takes the innermost rounding first, gives each its own
     temporary, and leaves a statement alone where a rounding sits under ``?:``."""
