@@ -332,6 +332,74 @@ def _qdq_conv_models(c_in: int, relu: bool, seed: int):
     return make(qdq), make(fused), x
 
 
+def _qdq_gemm_models(rows: int, k: int, m: int, trans_b: bool, bias: str, relu: bool,
+                     seed: int):
+    """A QDQ fully-connected layer (``Gemm`` with ``transB``, else ``MatMul``; ``bias``
+    "int32" (DequantizeLinear'd, scale x_scale * w_scale), "float" or ""), and the same
+    as ``Reshape``, ``QLinearConv`` 1x1, ``Reshape`` for onnx's reference evaluator."""
+    from onnx import numpy_helper
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-127, 128, (m, k) if trans_b else (k, m)).astype(np.int8)
+    sx, zx, sy, zy = np.float32(0.02), np.uint8(117), np.float32(0.9), np.uint8(3)
+    sw = rng.uniform(0.001, 0.01, m).astype(np.float32)
+    b = rng.integers(-100000, 100000, m).astype(np.int32)  # (about +-10 output quanta)
+    inits = {"w": w, "sx": sx, "zx": zx, "sw": sw, "zw": np.zeros(m, np.int8), "sy": sy,
+             "zy": zy, "b": b, "sb": (sx * sw).astype(np.float32), "zb": np.zeros(m, np.int32),
+             "bfl": (b * sx * sw).astype(np.float32), "w4": (w if trans_b else w.T).reshape(m, k, 1, 1),
+             "s4": np.array([rows, k, 1, 1], np.int64), "s2": np.array([rows, m], np.int64)}
+    init = [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()]
+    xin = [helper.make_tensor_value_info("x", TensorProto.UINT8, [rows, k])]
+    yout = [helper.make_tensor_value_info("y", TensorProto.UINT8, None)]
+    ins = ["xf", "wf"] + {"int32": ["bf"], "float": ["bfl"], "": []}[bias]
+    qdq = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+           helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"],
+                            axis=0 if trans_b else 1),
+           helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bf"], axis=0),
+           helper.make_node("Gemm", ins, ["c"], transB=1) if trans_b or bias
+           else helper.make_node("MatMul", ins, ["c"])]
+    if relu:
+        qdq.append(helper.make_node("Relu", ["c"], ["r"]))
+    qdq.append(helper.make_node("QuantizeLinear", ["r" if relu else "c", "sy", "zy"], ["y"]))
+    fused = [helper.make_node("Reshape", ["x", "s4"], ["x4"]),
+             helper.make_node("QLinearConv", ["x4", "sx", "zx", "w4", "sw", "zw", "sy", "zy"]
+                              + (["b"] if bias else []), ["c4"]),
+             helper.make_node("Reshape", ["c4", "s2"], ["c"])]
+    fused.append(helper.make_node("Max", ["c", "zy"], ["y"]) if relu
+                 else helper.make_node("Identity", ["c"], ["y"]))
+
+    def make(nodes):
+        g = helper.make_graph(nodes, "g", xin, yout, init)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)],
+                                 ir_version=9)
+    x = rng.integers(0, 256, (rows, k)).astype(np.uint8)
+    return make(qdq), make(fused), x
+
+
+@pytest.mark.parametrize("dot", [False, True], ids=["float", "dot"])
+@pytest.mark.parametrize("rows,k,m,trans_b,bias,relu", [
+    (1, 37, 20, True, "int32", True),    # a classifier: one row, K no whole quads
+    (5, 64, 10, False, "", False),        # a MatMul, no bias
+    (3, 130, 33, True, "float", True)])   # a float bias (in the sums' units)
+def test_qdq_gemm_runs_as_an_integer_convolution(rows, k, m, trans_b, bias, relu, dot,
+                                                  monkeypatch):
+    """A QDQ fully-connected layer runs as a 1x1 QDQ convolution on the integers
+    (int8 weights, :func:`gemms_as_convs`): equal bit for bit to onnx's reference of
+    the same layer as a QLinearConv (a float bias: its value in units of the sums,
+    ``b / (x_scale * w_scale)``, here the int32 bias' own values)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from polyc.frontend.onnx_passes import pass_stats
+    from polyc.schedule import machine
+    monkeypatch.setattr(machine, "has_integer_dot", lambda: dot)
+    qdq, fused, x = _qdq_gemm_models(rows, k, m, trans_b, bias, relu, seed=k)
+    got = polyc.compile_onnx(qdq)(x)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    assert pass_stats()["qdq_gemms"] == 1 and pass_stats()["qdq_convs"] == 1
+    want = ReferenceEvaluator(fused).run(None, {"x": x})[0]
+    assert got.dtype == np.uint8 and got.shape == (rows, m)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("dot", [False, True], ids=["float", "dot"])
 @pytest.mark.parametrize("c_in,relu", [(8, True), (40, False), (600, True)])
 def test_qdq_convolution_is_exact(c_in, relu, dot, monkeypatch):

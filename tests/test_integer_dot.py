@@ -278,13 +278,14 @@ def test_refused_convolutions_stay_direct(both_paths, change):
 
 
 def test_small_cnn_qdq_same_on_both_paths(both_paths):
-    """A QDQ CNN (onnxruntime's quantizer): every fused convolution on dot products gives
-    what the exact float convolutions give, bit for bit."""
+    """A QDQ CNN (onnxruntime's quantizer): every fused convolution (its classifier's
+    Gemm one too) on dot products gives what the exact float convolutions give, bit for
+    bit."""
     import onnx_models as M
     model = M.small_cnn()
     q = M.quantize_qdq(model, [M.input_feeds(model, seed=s) for s in (3, 4)])
     dot, plain, used = both_paths(q)
-    assert used == sum(n.op_type == "Conv" for n in model.graph.node)
+    assert used == sum(n.op_type in ("Conv", "Gemm", "MatMul") for n in model.graph.node)
     feeds = M.input_feeds(model, seed=2)
     np.testing.assert_array_equal(dot.run(None, feeds)[0], plain.run(None, feeds)[0])
 

@@ -80,8 +80,8 @@ def _qdq(model, seeds=(3, 4)):
 
 
 def test_small_cnn_qdq_runs_integer_convolutions():
-    """A QDQ-quantized CNN (onnxruntime's static quantizer): every Conv with its
-    DequantizeLinear inputs, ReLU and QuantizeLinear output runs as one integer
+    """A QDQ-quantized CNN (onnxruntime's static quantizer): every Conv (and Gemm) with
+    its DequantizeLinear inputs, ReLU and QuantizeLinear output runs as one integer
     convolution; the result is within a few output quanta of onnxruntime's int8 run and
     of its float fake-quantized run (the sums differ only in float rounding, which
     moves a value across a rounding boundary now and then)."""
@@ -91,7 +91,10 @@ def test_small_cnn_qdq_runs_integer_convolutions():
     feeds = M.input_feeds(model, seed=2)
     got = polyc.compile_onnx(q).run(None, feeds)[0]
     convs = sum(n.op_type == "Conv" for n in model.graph.node)
-    assert pass_stats()["qdq_convs"] == convs > 0
+    fcs = sum(n.op_type in ("Gemm", "MatMul") for n in model.graph.node)
+    # (a fully-connected layer as a 1x1 convolution)
+    assert pass_stats()["qdq_gemms"] == fcs > 0
+    assert pass_stats()["qdq_convs"] == convs + fcs and convs > 0
     want = M.onnxruntime_outputs(q, feeds)[0]
     assert _max_rel(got, want) < 0.05
     assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.999
@@ -99,8 +102,8 @@ def test_small_cnn_qdq_runs_integer_convolutions():
 
 def test_resnet50_int8_qdq_matches_onnxruntime():
     """ResNet-50 quantized by onnxruntime (QDQ, uint8 activations, int8 per-channel
-    weights): all 53 convolutions run exactly on the integers (as VNNI dot products on a
-    CPU that has them). onnxruntime's int8 run and its
+    weights): all 53 convolutions and the classifier (as a 1x1 convolution) run exactly
+    on the integers (as VNNI dot products on a CPU that has them). onnxruntime's int8 run and its
     float run of the same QDQ graph differ from each other by about 1.5% of the logits'
     range (a quantum here and there, compounded over 50 layers); polyc is as near."""
     from polyc.frontend.onnx_passes import pass_stats
@@ -108,9 +111,9 @@ def test_resnet50_int8_qdq_matches_onnxruntime():
     q = _qdq(model)
     feeds = M.input_feeds(model, seed=2)
     got = polyc.compile_onnx(q).run(None, feeds)[0]
-    assert pass_stats()["qdq_convs"] == 53
+    assert pass_stats()["qdq_convs"] == 54 and pass_stats()["qdq_gemms"] == 1
     # on the integers with a CPU's dot products (VNNI), else as exact float convolutions
-    assert pass_stats()["conv_dot"] == (53 if machine.has_integer_dot() else 0)
+    assert pass_stats()["conv_dot"] == (54 if machine.has_integer_dot() else 0)
     want = M.onnxruntime_outputs(q, feeds)[0]
     assert _max_rel(got, want) < 0.03
     assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.999
