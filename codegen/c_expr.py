@@ -966,9 +966,10 @@ def vnni_kernel(mr: int, nv: int, x_step: int, w_step: int, w_row: int,
 
 #: :data:`ROUND_ROWS`' helper, for the prelude of a text that calls it
 ROUND_ROW_HELPER = """/* a row of n floats rounded to float16 in place: polyc_round_f16 of each (the same
-   value; a NaN stays a NaN), with F16C's conversions where the target has them: two
-   instructions for 16 floats where polyc_round_f16 takes a dozen (gcc 12 vectorizes
-   neither _Float16's conversions nor __builtin_convertvector to them) */
+   value; a NaN stays a NaN, its payload kept in the vector lanes), with F16C's
+   conversions where the target has them: two instructions for 16 floats where
+   polyc_round_f16 takes a dozen (gcc 12 vectorizes neither _Float16's conversions nor
+   __builtin_convertvector to them) */
 #if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -976,15 +977,18 @@ static inline void polyc_round_f16_row(float *p, int64_t n)
 {
   int64_t i = 0;
 #if defined(__AVX512F__)
-  const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+/* (an immediate: the intrinsic is a macro without optimisation, -O0) */
+#define POLYC_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
   for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(p + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(p + i), r)));
+    _mm512_storeu_ps(p + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(p + i),
+                                                            POLYC_RNE)));
   if (i < n) {
     const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
     _mm512_mask_storeu_ps(p + i, m, _mm512_cvtph_ps(
-        _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, p + i), r)));
+        _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, p + i), POLYC_RNE)));
     i = n;
   }
+#undef POLYC_RNE
 #elif defined(__F16C__)
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(p + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(p + i),

@@ -237,8 +237,9 @@ def wants_transposed_gemm(node: Node, graph: Graph) -> bool:
 
 def wants_blocked_columns(node: Node, graph: Graph, constants: dict[str, np.ndarray]) -> bool:
     """A MatMul, or a Gemm without transposes, whose ``B`` is a 2-D constant of the
-    input's float type with more than :data:`COLUMN_BLOCK` columns, over an input of
-    rank 2 or more: ``B`` is stored in column blocks (:func:`blocked_columns`). Read in
+    input's float type with more than :data:`COLUMN_BLOCK` columns (or fewer that are no
+    whole cache lines: :data:`PAD_NARROW_COLUMNS`), over an input of rank 2 or more:
+    ``B`` is stored in column blocks (:func:`blocked_columns`). Read in
     its ``(K, N)`` layout, each register tile walks ``K`` rows a whole row of ``B``
     apart -- a page apart or more at 1024 columns and past, which the hardware
     prefetcher and the TLB follow poorly (matmul 2048: 70 GFLOP/s against 151

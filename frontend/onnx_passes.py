@@ -96,6 +96,20 @@ def producers(graph: Graph) -> dict[str, Node]:
     return {o: n for n in graph.nodes for o in n.outputs if o}
 
 
+def _namer(names: set[str], tensors: dict[str, TensorInfo],
+           constants: dict[str, np.ndarray]) -> Callable[..., str]:
+    """``fresh(base, dtype, shape, value=None)``: a new tensor named after ``base``
+    (unique in ``names``), declared in ``tensors``, a constant ``value`` when given."""
+    def fresh(base: str, dtype: str, shape: tuple[int, ...], value=None) -> str:
+        name = _fresh(base, names)
+        names.add(name)
+        tensors[name] = TensorInfo(name, dtype, tuple(int(d) for d in shape))
+        if value is not None:
+            constants[name] = value
+        return name
+    return fresh
+
+
 def _replace(graph: Graph, **changes: Any) -> Graph:
     fields = dict(name=graph.name, nodes=graph.nodes, inputs=graph.inputs,
                   outputs=graph.outputs, tensors=graph.tensors, constants=graph.constants,
@@ -518,7 +532,8 @@ def eliminate_common_subexpressions(graph: Graph, stats: Counter | None = None) 
 QDQ_GEMM_AS_CONV = True
 
 
-def gemms_as_convs(graph: Graph, stats: Counter | None = None) -> Graph:
+def gemms_as_convs(graph: Graph, stats: Counter | None = None,
+                   float_bias: bool = False) -> Graph:
     """A QDQ fully-connected layer -- a ``Gemm`` (``transA=0``, ``alpha=1``, ``beta=1``)
     or ``MatMul`` of a 2-D ``DequantizeLinear`` of an int8/uint8 input and of a constant
     int8 weight (per tensor, or per output column), maybe a float bias, maybe a Relu,
@@ -526,21 +541,16 @@ def gemms_as_convs(graph: Graph, stats: Counter | None = None) -> Graph:
     ``(N, K, 1, 1)`` between ``Reshape`` s of the quantized tensors, which
     :func:`fuse_qdq_convs` then takes: the weights stay int8 and the sums run on the
     integers (a ResNet-50's classifier streamed 8 MB of float weights per inference
-    where it now reads 2 MB)."""
+    where it now reads 2 MB). Only the pattern :func:`fuse_qdq_convs` takes: zero points
+    given, the input's and output's scales per tensor, and a float bias only with
+    ``float_bias`` (the sums on dot products, whose float requantization adds it)."""
     if not QDQ_GEMM_AS_CONV:
         return graph
     stats = stats if stats is not None else Counter()
     made, users = producers(graph), consumers(graph)
     tensors, constants = dict(graph.tensors), dict(graph.constants)
     names = set(tensors) | set(constants) | {n.name for n in graph.nodes}
-
-    def fresh(base: str, dtype: str, shape: tuple[int, ...], value=None) -> str:
-        name = _fresh(base, names)
-        names.add(name)
-        tensors[name] = TensorInfo(name, dtype, tuple(int(d) for d in shape))
-        if value is not None:
-            constants[name] = value
-        return name
+    fresh = _namer(names, tensors, constants)
 
     def node_name(base: str) -> str:
         name = _fresh(base, names)
@@ -551,7 +561,7 @@ def gemms_as_convs(graph: Graph, stats: Counter | None = None) -> Graph:
     for n in graph.nodes:
         if n.name in gone:
             continue
-        found = _gemm_as_conv(n, graph, made, users, fresh, node_name)
+        found = _gemm_as_conv(n, graph, made, users, fresh, node_name, float_bias)
         if found is None:
             nodes.append(n)
             continue
@@ -566,7 +576,7 @@ def gemms_as_convs(graph: Graph, stats: Counter | None = None) -> Graph:
 
 
 def _gemm_as_conv(n: Node, graph: Graph, made: Mapping[str, Node],
-                  users: Mapping[str, list[Node]], fresh, node_name
+                  users: Mapping[str, list[Node]], fresh, node_name, float_bias: bool
                   ) -> tuple[list[Node], list[str]] | None:
     """:func:`gemms_as_convs` of one node: the nodes replacing it and the names of the
     Relu and QuantizeLinear after it that they replace too; None where it does not
@@ -580,11 +590,13 @@ def _gemm_as_conv(n: Node, graph: Graph, made: Mapping[str, Node],
         return None
     t, c = graph.tensors, graph.constants
     dx, dw = made.get(n.inputs[0]), made.get(n.inputs[1])
+    def per_tensor(scale: str) -> bool:
+        return t[scale].shape in ((), (1,))
     if dx is None or dw is None or dx.op_type != "DequantizeLinear" \
-            or dw.op_type != "DequantizeLinear" or len(dw.inputs) < 2:
+            or dw.op_type != "DequantizeLinear" or len(dw.inputs) < 3 or not dw.inputs[2] \
+            or len(dx.inputs) < 3 or not dx.inputs[2] or not per_tensor(dx.inputs[1]):
         return None
     wq, sw = dw.inputs[0], dw.inputs[1]
-    zw = dw.inputs[2] if len(dw.inputs) > 2 else ""
     xq = dx.inputs[0]
     if wq not in c or c[wq].ndim != 2 or t[wq].dtype != "int8" or len(t[xq].shape) != 2 \
             or t[xq].dtype not in _INT8 or dw.attr("block_size", 0):
@@ -606,13 +618,16 @@ def _gemm_as_conv(n: Node, graph: Graph, made: Mapping[str, Node],
             chain.append(nxt)
             y = nxt.outputs[0]
             continue
-        if nxt.op_type != "QuantizeLinear" or t[nxt.outputs[0]].dtype not in _INT8:
+        if nxt.op_type != "QuantizeLinear" or t[nxt.outputs[0]].dtype not in _INT8 \
+                or len(nxt.inputs) < 3 or not nxt.inputs[2] or not per_tensor(nxt.inputs[1]) \
+                or not all(i in c for i in nxt.inputs[1:3]):  # (it moves up to the product)
             return None
         chain.append(nxt)
         break
     bias = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else ""
     if bias and (t[bias].shape != (m,) or (
-            bias not in c and getattr(made.get(bias), "op_type", "") != "DequantizeLinear")):
+            not (bias in c and float_bias)
+            and getattr(made.get(bias), "op_type", "") != "DequantizeLinear")):
         return None  # (a float constant or a DequantizeLinear'd int32 bias, per column)
     rows = t[xq].shape[0]
 
@@ -643,7 +658,8 @@ def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
                    integer_dot: bool = False, byte_quads: bool = False,
                    winograd: bool | int = False) -> Graph:
     """A QDQ-quantized convolution -- ``DequantizeLinear`` of an int8/uint8 input and
-    weight (and of an int32 bias whose scale is the input's times the weight's), a float
+    weight (and of an int32 bias whose scale is the input's times the weight's, or with
+    ``integer_dot`` a float bias, in units of the sums: :func:`_qdq_conv`), a float
     Conv, maybe a Relu, then ``QuantizeLinear`` -- becomes one ``QLinearConv`` on the
     integers (a Relu folds into the saturation, ``polyc_relu``). It computes what the
     float graph computes up to the float rounding of its sum (the integer sum is exact),
@@ -662,13 +678,9 @@ def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
     tensors, constants = dict(graph.tensors), dict(graph.constants)
     names = set(tensors) | set(constants)
     node_names = {n.name for n in graph.nodes}
-    def fresh(base: str, dtype: str, shape: tuple[int, ...], value=None) -> str:
-        name = _fresh(base, names)
-        names.add(name)
-        tensors[name] = TensorInfo(name, dtype, tuple(int(d) for d in shape))
-        if value is not None:
-            constants[name] = value
-        return name
+    # a float bias only where the sums run on dot products (their float requantization
+    # takes it; the exact float sums and the integer convolution add int32 biases)
+    fresh = _namer(names, tensors, constants) if integer_dot else None
     for n in graph.nodes:
         if n.op_type != "Conv" or len(n.inputs) < 2:
             continue
@@ -677,6 +689,9 @@ def fuse_qdq_convs(graph: Graph, stats: Counter | None = None,
             node, replaced = new
             on_ints = _conv_dot(node, tensors, constants, names, node_names, byte_quads) \
                 if integer_dot else None
+            if on_ints is None and len(node.inputs) > 8 and \
+                    constants[node.inputs[8]].dtype.kind == "f":
+                continue  # (left as the float graph computes it)
             stats["conv_dot"] += on_ints is not None
             fused[n.name] = on_ints or _exact_in_float(node, graph, tensors, constants) \
                 or [node]
@@ -731,15 +746,7 @@ def _exact_in_float(q: Node, graph: Graph, tensors: dict[str, TensorInfo],
     if len(chunks) > 8:
         return None
     shape = tensors[xq].shape
-    names = set(tensors) | set(constants)
-
-    def fresh(base: str, dtype: str, shp: tuple[int, ...], value=None) -> str:
-        name = _fresh(base, names)
-        names.add(name)
-        tensors[name] = TensorInfo(name, dtype, tuple(shp))
-        if value is not None:
-            constants[name] = value
-        return name
+    fresh = _namer(set(tensors) | set(constants), tensors, constants)
     xc = fresh(f"{xq}_f32", "float32", shape)
     nodes = [Node(f"{q.name}_widen", "Cast", (xq,), (xc,), {"to": onnx.TensorProto.FLOAT})]
     xf = xc
@@ -904,13 +911,7 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
     y = q.outputs[0]
     xs, ys = tensors[xq].shape, tensors[y].shape
 
-    def fresh(base: str, dtype: str, shape: tuple[int, ...], value=None) -> str:
-        name = _fresh(base, names)
-        names.add(name)
-        tensors[name] = TensorInfo(name, dtype, tuple(int(d) for d in shape))
-        if value is not None:
-            constants[name] = value
-        return name
+    fresh = _namer(names, tensors, constants)
 
     def node_name(base: str) -> str:
         name = _fresh(base, node_names)
@@ -1273,6 +1274,7 @@ def _qdq_conv(graph: Graph, conv: Node, made: Mapping[str, Node],
         return None
     bias = ""
     c = graph.constants
+    float_bias = None
     if len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] in c and fresh:
         # a float bias (a QDQ Gemm's, :func:`gemms_as_convs`): in units of the sums,
         # ``b / (x_scale * w_scale)``, added to them in float as an int32 bias would be
@@ -1280,8 +1282,10 @@ def _qdq_conv(graph: Graph, conv: Node, made: Mapping[str, Node],
             return None
         units = (c[sx].astype(np.float64).reshape(-1)[0] *
                  c[sw].astype(np.float64).reshape(-1))
-        b = c[conv.inputs[2]].astype(np.float64).reshape(-1) / units
-        bias = fresh(f"{conv.inputs[2]}_in_sums", "float32", b.shape, b.astype(np.float32))
+        if not np.all(np.isfinite(units)) or np.any(units == 0):
+            return None
+        float_bias = (c[conv.inputs[2]].astype(np.float64).reshape(-1) / units
+                      ).astype(np.float32)
     elif len(conv.inputs) > 2 and conv.inputs[2]:
         db = made.get(conv.inputs[2])
         if db is None or db.op_type != "DequantizeLinear" or t[db.inputs[0]].dtype != "int32":
@@ -1323,6 +1327,8 @@ def _qdq_conv(graph: Graph, conv: Node, made: Mapping[str, Node],
     if relu:
         attrs["polyc_relu"] = 1
     attrs["polyc_float"] = 1  # the float32 graph's arithmetic: requantized in float
+    if float_bias is not None and fresh is not None:
+        bias = fresh(f"{conv.inputs[2]}_in_sums", "float32", float_bias.shape, float_bias)
     node = Node(conv.name, "QLinearConv", (xq, sx, zx, wq, sw, zw, sy, zy) +
                 ((bias,) if bias else ()), (nxt.outputs[0],), attrs)
     return node, replaced
@@ -1368,7 +1374,7 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
     c: Counter = Counter()
     before = len(graph.nodes)
     # before folding turns DequantizeLinear(W) into floats
-    graph = gemms_as_convs(graph, c)
+    graph = gemms_as_convs(graph, c, float_bias=integer_dot)
     graph = fuse_qdq_convs(graph, c, integer_dot=integer_dot, byte_quads=byte_quads)
     graph = fold_empty_tensors(graph, c)
     graph = fold_constants(graph, c)
