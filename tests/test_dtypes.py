@@ -311,25 +311,32 @@ def _qdq_conv_models(c_in: int, relu: bool, seed: int):
     init = [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()]
     xin = [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, c_in, 9, 11])]
     yout = [helper.make_tensor_value_info("y", TensorProto.UINT8, None)]
-    conv_out = "r" if relu else "c"
     qdq = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
            helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"], axis=0),
            helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bf"], axis=0),
            helper.make_node("Conv", ["xf", "wf", "bf"], ["c"], pads=[1, 1, 1, 1])]
-    if relu:
-        qdq.append(helper.make_node("Relu", ["c"], ["r"]))
-    qdq.append(helper.make_node("QuantizeLinear", [conv_out, "sy", "zy"], ["y"]))
     fused = [helper.make_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy",
                                               "b"], ["c"], pads=[1, 1, 1, 1])]
-    fused.append(helper.make_node("Max", ["c", "zy"], ["y"]) if relu
-                 else helper.make_node("Identity", ["c"], ["y"]))
+    x = rng.integers(0, 256, (1, c_in, 9, 11)).astype(np.uint8)
+    return (*_quantized_pair(qdq, fused, relu, xin, yout, init), x)
+
+
+def _quantized_pair(qdq: list, fused: list, relu: bool, xin: list, yout: list,
+                    init: list) -> tuple:
+    """The QDQ model (``qdq``'s product ``c``, a Relu maybe, QuantizeLinear to ``y``) and
+    its fused twin (``fused``'s quantized ``c``, the Relu as a Max with the output zero
+    point)."""
+    if relu:
+        qdq = qdq + [helper.make_node("Relu", ["c"], ["r"])]
+    qdq = qdq + [helper.make_node("QuantizeLinear", ["r" if relu else "c", "sy", "zy"], ["y"])]
+    fused = fused + [helper.make_node("Max", ["c", "zy"], ["y"]) if relu
+                     else helper.make_node("Identity", ["c"], ["y"])]
 
     def make(nodes):
         g = helper.make_graph(nodes, "g", xin, yout, init)
         return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)],
                                  ir_version=9)
-    x = rng.integers(0, 256, (1, c_in, 9, 11)).astype(np.uint8)
-    return make(qdq), make(fused), x
+    return make(qdq), make(fused)
 
 
 def _qdq_gemm_models(rows: int, k: int, m: int, trans_b: bool, bias: str, relu: bool,
@@ -357,22 +364,12 @@ def _qdq_gemm_models(rows: int, k: int, m: int, trans_b: bool, bias: str, relu: 
            helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bf"], axis=0),
            helper.make_node("Gemm", ins, ["c"], transB=1) if trans_b or bias
            else helper.make_node("MatMul", ins, ["c"])]
-    if relu:
-        qdq.append(helper.make_node("Relu", ["c"], ["r"]))
-    qdq.append(helper.make_node("QuantizeLinear", ["r" if relu else "c", "sy", "zy"], ["y"]))
     fused = [helper.make_node("Reshape", ["x", "s4"], ["x4"]),
              helper.make_node("QLinearConv", ["x4", "sx", "zx", "w4", "sw", "zw", "sy", "zy"]
                               + (["b"] if bias else []), ["c4"]),
              helper.make_node("Reshape", ["c4", "s2"], ["c"])]
-    fused.append(helper.make_node("Max", ["c", "zy"], ["y"]) if relu
-                 else helper.make_node("Identity", ["c"], ["y"]))
-
-    def make(nodes):
-        g = helper.make_graph(nodes, "g", xin, yout, init)
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)],
-                                 ir_version=9)
     x = rng.integers(0, 256, (rows, k)).astype(np.uint8)
-    return make(qdq), make(fused), x
+    return (*_quantized_pair(qdq, fused, relu, xin, yout, init), x)
 
 
 @pytest.mark.parametrize("dot", [False, True], ids=["float", "dot"])
