@@ -321,8 +321,10 @@ class _Walker:
             return [loop]
 
         def copy_block(stmt: cgen.Generable) -> cgen.Generable:
-            body = self._rounded_rows(stmt, f"polyc_r{kept[-1]}", dims[-1],
-                                      f"{spans[kept[-1]]} + 1", vector_loop)
+            lane = f"polyc_r{kept[-1]}"
+            hoisted = self._hoisted_roundings(stmt, lane)
+            body = vector_loop(stmt) if hoisted is None else self._rounded_rows(
+                hoisted, lane, dims[-1], f"{spans[kept[-1]]} + 1", vector_loop)
             for d in reversed(kept[:-1]):
                 loop = cgen.For(f"{it} polyc_r{d} = 0", f"polyc_r{d} <= {spans[d]}",
                                 f"polyc_r{d} += 1", _block(body))
@@ -363,14 +365,15 @@ class _Walker:
                 if i == 0 or _mentions(text, f"polyc_lo{i - 1}")]
         return [cgen.Block(code + rest)]
 
-    def _rounded_rows(self, stmt: cgen.Generable, lane: str, width: int, count: str,
+    def _rounded_rows(self, hoisted: tuple[str, list[str], str], lane: str, width: int,
+                      count: str,
                       vector_loop: Callable[[cgen.Generable], list[cgen.Generable]]
                       ) -> list[cgen.Generable]:
-        """The vector loop of ``stmt`` over a register tile's row (``vector_loop``: its
-        lanes ``lane`` < ``count`` <= ``width``), or, where ``stmt`` rounds to float16,
-        one loop per rounding that computes its argument into a local row and a call
-        that rounds the row (:data:`.c_expr.ROUND_ROWS`, F16C's conversions), then the
-        loop of the rest::
+        """A statement that rounds to float16 over a register tile's row, its roundings
+        ``hoisted`` (:meth:`_hoisted_roundings`; ``vector_loop``: a loop over the lanes
+        ``lane`` < ``count`` <= ``width``): one loop per rounding that computes its
+        argument into a local row and a call that rounds the row
+        (:data:`.c_expr.ROUND_ROWS`, F16C's conversions), then the loop of the rest::
 
             float polyc_t0[64];
             #pragma omp simd
@@ -381,9 +384,6 @@ class _Walker:
 
         ResNet-50 in float16 at one thread: 0.967x of the time (rounding nothing at all
         would give 0.95x), Zen 5."""
-        hoisted = self._hoisted_roundings(stmt, lane)
-        if hoisted is None:
-            return vector_loop(stmt)
         row_fn, args, rest = hoisted
         code: list[cgen.Generable] = []
         for k, arg in enumerate(args):
@@ -762,7 +762,7 @@ class _Walker:
         if not parallel and "simd" not in kinds:
             body += self._exit(n, iterator, var)
         if "simd" in kinds and pragmas and not parallel:
-            rounded = self._rounded_loop(n, iterator, var, pragmas)
+            rounded = self._rounded_loop(n, iterator, var, pragmas, body)
             if rounded is not None:
                 return rounded
         tail = None if parallel or "simd" not in kinds or not pragmas \
@@ -775,32 +775,32 @@ class _Walker:
                         f"{var} += 1", _block(body))]]
         return [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, body)]
 
-    def _rounded_loop(self, n: isl.AstNode, iterator: str, var: str,
-                      pragmas: list[str]) -> list[cgen.Generable] | None:
-        """The vector loop ``n`` of one statement that rounds to float16, over a constant
-        range of at most :data:`ROUND_ROW_MAX` elements, as :meth:`_rounded_rows` writes
-        a register tile's row: a loop per rounding into a local row, rounded at once,
-        then the loop of the rest (a Winograd convolution's output transform with its
-        bias, in float16). None for any other loop."""
-        body = n.for_get_body()
+    def _rounded_loop(self, n: isl.AstNode, iterator: str, var: str, pragmas: list[str],
+                      body: list[cgen.Generable]) -> list[cgen.Generable] | None:
+        """The vector loop ``n`` of one statement (``body``, as :meth:`_statement`
+        prints it) that rounds to float16, over a constant range of at most
+        :data:`ROUND_ROW_MAX` elements, as :meth:`_rounded_rows` writes a register
+        tile's row: a loop per rounding into a local row, rounded at once, then the loop
+        of the rest (a Winograd convolution's output transform with its bias, in
+        float16). None for any other loop."""
         bounds = constant_bounds(n, iterator)
-        if body.get_type() != isl.ast_node_type.user or bounds is None \
-                or not 0 < bounds[1] - bounds[0] + 1 <= ROUND_ROW_MAX:
+        if n.for_get_body().get_type() != isl.ast_node_type.user or bounds is None \
+                or not 0 < bounds[1] - bounds[0] + 1 <= ROUND_ROW_MAX or len(body) != 1:
             return None
-        call = body.user_get_expr()
-        stmt = self.kernel.statement(call.get_op_arg(0).get_id().get_name())
-        decls, code = self._statement_parts(stmt, {
-            it: self._isl(call.get_op_arg(i + 1)).text for i, it in enumerate(stmt.iterators)})
+        printed = body[0]  # the iterators' declarations and the statement, or the latter
+        decls = list(printed.contents[:-1]) if isinstance(printed, cgen.Block) else []
+        code = printed.contents[-1] if isinstance(printed, cgen.Block) else printed
         lo, width = bounds[0], bounds[1] - bounds[0] + 1
         lane = f"{var} - {lo}" if lo else var
-        if self._hoisted_roundings(code, lane) is None:
+        hoisted = self._hoisted_roundings(code, lane)
+        if hoisted is None:
             return None
 
         def vector_loop(s: cgen.Generable) -> list[cgen.Generable]:
             used = [d for d in decls  # (an unused one: gcc -Wall warns)
                     if _mentions(str(s), str(d).split(" = ")[0].split()[-1])]
             return [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, used + [s])]
-        return [cgen.Block(self._rounded_rows(code, lane, width, str(width), vector_loop))]
+        return [cgen.Block(self._rounded_rows(hoisted, lane, width, str(width), vector_loop))]
 
     def _loop(self, n: isl.AstNode, var: str, body: list[cgen.Generable]) -> cgen.For:
         """The loop of the AST's ``for`` node ``n`` as written, around ``body``."""
@@ -876,12 +876,6 @@ class _Walker:
 
     def _statement(self, stmt: Statement, values: dict[str, str]) -> cgen.Generable:
         """``stmt`` at the instance whose iterators have the C values ``values``."""
-        decls, code = self._statement_parts(stmt, values)
-        return cgen.Block(decls + [code]) if decls else code
-
-    def _statement_parts(self, stmt: Statement, values: dict[str, str]
-                         ) -> tuple[list[cgen.Generable], cgen.Statement]:
-        """:meth:`_statement` as the declarations of its iterators and the statement."""
         scope = self.sym.namer.child()
         used = _used_iterators(stmt)
         index_names, decls = {}, []
@@ -898,7 +892,7 @@ class _Walker:
         value = printer.expr(stmt.value, dtype, exact=stmt.is_reduction)
         code = cgen.Statement(update(stmt.op, target, value, dtype,
                                      stored=stmt.write.array not in printer.promoted))
-        return decls, code
+        return cgen.Block(decls + [code]) if decls else code
 
 
 #: the compiler target the VNNI variant needs

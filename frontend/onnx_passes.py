@@ -528,6 +528,11 @@ def eliminate_common_subexpressions(graph: Graph, stats: Counter | None = None) 
     return eliminate_dead_nodes(_replace(graph, nodes=nodes), stats)
 
 
+def _per_tensor(tensors: Mapping[str, TensorInfo], scale: str) -> bool:
+    """Whether the quantization scale ``scale`` is one value (not per channel)."""
+    return tensors[scale].shape in ((), (1,))
+
+
 #: a QDQ fully-connected layer runs as a 1x1 QDQ convolution (:func:`gemms_as_convs`)
 QDQ_GEMM_AS_CONV = True
 
@@ -590,8 +595,9 @@ def _gemm_as_conv(n: Node, graph: Graph, made: Mapping[str, Node],
         return None
     t, c = graph.tensors, graph.constants
     dx, dw = made.get(n.inputs[0]), made.get(n.inputs[1])
+
     def per_tensor(scale: str) -> bool:
-        return t[scale].shape in ((), (1,))
+        return _per_tensor(t, scale)
     if dx is None or dw is None or dx.op_type != "DequantizeLinear" \
             or dw.op_type != "DequantizeLinear" or len(dw.inputs) < 3 or not dw.inputs[2] \
             or len(dx.inputs) < 3 or not dx.inputs[2] or not per_tensor(dx.inputs[1]):
@@ -604,8 +610,8 @@ def _gemm_as_conv(n: Node, graph: Graph, made: Mapping[str, Node],
     w = c[wq].T if not trans_b else c[wq]  # (M, K)
     m, k = w.shape
     out_axis = 0 if trans_b else 1  # the weights' output-column axis
-    if t[sw].shape not in ((), (1,)) and (t[sw].shape != (m,)
-                                          or int(dw.attr("axis", 1)) % 2 != out_axis):
+    if not per_tensor(sw) and (t[sw].shape != (m,)
+                               or int(dw.attr("axis", 1)) % 2 != out_axis):
         return None
     chain = []  # the Relu (maybe) and the QuantizeLinear after the product
     y = n.outputs[0]
@@ -637,7 +643,7 @@ def _gemm_as_conv(n: Node, graph: Graph, made: Mapping[str, Node],
     w4 = fresh(f"{wq}_1x1", "int8", (m, k, 1, 1), np.ascontiguousarray(w).reshape(m, k, 1, 1))
     wd4 = fresh(f"{dw.outputs[0]}_1x1", t[dw.outputs[0]].dtype, (m, k, 1, 1))
     to4 = fresh(f"{x4}_shape", "int64", (4,), np.array([rows, k, 1, 1], np.int64))
-    w_attrs = {**dw.attrs, "axis": 0} if t[sw].shape == (m,) else dict(dw.attrs)
+    w_attrs = dict(dw.attrs) if per_tensor(sw) else {**dw.attrs, "axis": 0}
     ys = [four(n.outputs[0], m)] + [four(c_.outputs[0], m) for c_ in chain]
     out = chain[-1].outputs[0]
     to2 = fresh(f"{out}_shape", "int64", (2,), np.array([rows, m], np.int64))
@@ -952,9 +958,8 @@ def _conv_dot(q: Node, tensors: dict[str, TensorInfo], constants: dict[str, np.n
         acc = fresh(f"{y}_sum", "int32", ys)
     wtn = fresh(f"{wq}_rows", tensors[wq].dtype, wt.shape,
                 wt.astype(constants[wq].dtype))
-    bn = fresh(f"{bias or y}_centred", "float32", (m,), b.astype(np.float32)) \
-        if b.dtype.kind == "f" else fresh(f"{bias or y}_centred", "int32", (m,),
-                                            b.astype(np.int32))
+    b_type = "float32" if b.dtype.kind == "f" else "int32"  # (a float bias: in float)
+    bn = fresh(f"{bias or y}_centred", b_type, (m,), b.astype(b_type))
     if nhwc:
         layout = {"polyc_layout": "nhwc"}
         nodes = [Node(node_name(f"{q.name}_to_nhwc"), "Transpose", (xq,), (xt,),
@@ -1267,9 +1272,9 @@ def _qdq_conv(graph: Graph, conv: Node, made: Mapping[str, Node],
     xq, sx, zx = dx.inputs[:3]
     wq, sw, zw = dw.inputs[:3]
     t = graph.tensors
-    if t[xq].dtype not in _INT8 or t[wq].dtype not in _INT8 or t[sx].shape not in ((), (1,)):
+    if t[xq].dtype not in _INT8 or t[wq].dtype not in _INT8 or not _per_tensor(t, sx):
         return None
-    if t[sw].shape not in ((), (1,)) and (t[sw].shape != (t[wq].shape[0],)
+    if not _per_tensor(t, sw) and (t[sw].shape != (t[wq].shape[0],)
                                           or dw.attr("axis", 1) != 0):
         return None
     bias = ""
@@ -1320,7 +1325,7 @@ def _qdq_conv(graph: Graph, conv: Node, made: Mapping[str, Node],
     if nxt.op_type != "QuantizeLinear" or len(nxt.inputs) < 3 or not nxt.inputs[2]:
         return None
     sy, zy = nxt.inputs[1], nxt.inputs[2]
-    if t[sy].shape not in ((), (1,)) or t[nxt.outputs[0]].dtype not in _INT8:
+    if not _per_tensor(t, sy) or t[nxt.outputs[0]].dtype not in _INT8:
         return None
     replaced.append(nxt.name)
     attrs = {k: v for k, v in conv.attrs.items()}

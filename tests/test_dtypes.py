@@ -383,7 +383,8 @@ def test_qdq_gemm_runs_as_an_integer_convolution(rows, k, m, trans_b, bias, relu
     (int8 weights, :func:`gemms_as_convs`): equal bit for bit to onnx's reference of
     the same layer as a QLinearConv (a float bias: its value in units of the sums,
     ``b / (x_scale * w_scale)``, here the int32 bias' own values, only on dot products;
-    without them the float graph runs, within one output quantum)."""
+    without them the float graph runs, within one output quantum); on the CUDA target
+    too."""
     from onnx.reference import ReferenceEvaluator
 
     from polyc.frontend.onnx_passes import pass_stats
@@ -400,6 +401,9 @@ def test_qdq_gemm_runs_as_an_integer_convolution(rows, k, m, trans_b, bias, relu
         return
     assert pass_stats()["qdq_gemms"] == 1 and pass_stats()["qdq_convs"] == 1
     np.testing.assert_array_equal(got, want)
+    if not dot:  # the CUDA target too (emulated)
+        cuda = polyc.compile_onnx(qdq, target="cuda", emulate=True)
+        np.testing.assert_array_equal(cuda.run(None, {"x": x})[0], want)
 
 
 @pytest.mark.parametrize("dot", [False, True], ids=["float", "dot"])
