@@ -120,6 +120,12 @@ class CDialect:
     parallel_simd_pragma: str | None = None
     #: clause appended to the parallel pragma when ``options.threads`` is set
     threads_clause = ""
+    #: a parallel region without a loop (around a wavefront's loop over its fronts), the
+    #: loop of such a region its threads share, and a block one of them runs; None for
+    #: none (the fronts' loops then each start their own ``parallel_pragma``)
+    region_pragma: str | None = None
+    shared_loop_pragma = ""
+    single_pragma = ""
     #: written before a function holding register tiles on a CPU with 512-bit vectors
     wide_vector_attribute = '__attribute__((target("prefer-vector-width=512")))'
     #: qualifiers of a register tile's local accumulator array
@@ -155,6 +161,9 @@ class OpenMPDialect(CDialect):
     simd_pragma = "omp simd"
     parallel_simd_pragma = "omp parallel for simd"
     threads_clause = " num_threads({})"
+    region_pragma = "omp parallel"
+    shared_loop_pragma = "omp for"
+    single_pragma = "omp single"
 
 
 @dataclass(frozen=True)
@@ -750,6 +759,9 @@ class _Walker:
         if "reduce" in kinds and self.dialect.simd_pragma and self.options.vectorize \
                 and n.for_get_body().get_type() == isl.ast_node_type.user:
             return self._vector_reduction(n, var, in_parallel)
+        if "wavefront" in kinds and not in_parallel and self.dialect.region_pragma \
+                and self.options.parallel and not self.kernel.exits:
+            return self._wavefront(n, var, pending)
         parallel = "parallel" in kinds and not in_parallel
         pragmas = self.dialect.loop_pragmas(parallel, "simd" in kinds, self.options)
         parallel = parallel and any("parallel" in p for p in pragmas)
@@ -774,6 +786,49 @@ class _Walker:
                         f"{self.dialect.index_type} {var} = {a}", f"{var} <= {b}",
                         f"{var} += 1", _block(body))]]
         return [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, body)]
+
+    def _wavefront(self, n: isl.AstNode, var: str, pending: Pending) -> list[cgen.Generable]:
+        """The loop over a wavefront's fronts (``n``) inside one parallel region: every
+        thread runs it, the parallel loop of each front is shared among them (its end a
+        barrier), and whatever else a front holds runs on one thread (``omp single``,
+        a barrier too). One region instead of one a front: a front of a Jacobi
+        stencil's tiles is a few microseconds of work."""
+        threads = self.dialect.threads_clause.format(self.options.threads) \
+            if self.options.threads else ""
+        body = self._shared(n.for_get_body(), ())
+        return [cgen.Pragma(self.dialect.region_pragma + threads),
+                cgen.Block([self._loop(n, var, body)])]
+
+    def _shared(self, n: isl.AstNode, pending: Pending) -> list[cgen.Generable]:
+        """``n`` inside a parallel region (:meth:`_wavefront`): a loop marked parallel
+        becomes the region's shared loop, blocks, conditions (on the fronts' iterators
+        alone: every thread takes the same branch) and marks are walked through, and
+        anything else runs on one thread."""
+        t = n.get_type()
+        if t == isl.ast_node_type.block:
+            kids = n.block_get_children()
+            return [g for i in range(kids.n_ast_node())
+                    for g in self._shared(kids.get_at(i), pending)]
+        if t == isl.ast_node_type.if_:
+            then = _block(self._shared(n.if_get_then_node(), pending))
+            other = (_block(self._shared(n.if_get_else_node(), pending))
+                     if n.if_has_else_node() else None)
+            return [cgen.If(self._isl(n.if_get_cond()).text, then, other)]
+        if t == isl.ast_node_type.mark \
+                and parse_register_mark(n.mark_get_id().get_name()) is None:
+            mark = parse_mark(n.mark_get_id().get_name())
+            return self._shared(n.mark_get_node(), pending + ((mark,) if mark else ()))
+        if t == isl.ast_node_type.for_ and not n.for_is_degenerate():
+            iterator = n.for_get_iterator().get_id().get_name()
+            depth = loop_depth(iterator)
+            kinds = {kind for kind, d in pending if d == depth}
+            if "parallel" in kinds:
+                var = self.isl_names[iterator] = loop_var(depth)
+                body = self.node(n.for_get_body(), (), True)
+                pragma = self.dialect.shared_loop_pragma
+                return [cgen.Pragma(pragma), self._loop(n, var, body)]
+        return [cgen.Pragma(self.dialect.single_pragma),
+                _block(self.node(n, pending, True))]
 
     def _rounded_loop(self, n: isl.AstNode, iterator: str, var: str, pragmas: list[str],
                       body: list[cgen.Generable]) -> list[cgen.Generable] | None:

@@ -4,13 +4,17 @@ any L2 and that are no multiples of the register tiles, under both schedulers; t
 fused loop where one thread runs, the separate nests where two threads would do more."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import islpy as isl
 import numpy as np
 import pytest
 
 import polyc
 from codegen_helpers import fused_bands
-from polyc.schedule import fuse, machine
+from polyc import share
+from polyc.schedule import fuse, machine, optimize
 
 ATAX = """
 def atax(double(M,N) A, double(N) x) -> (y) {
@@ -155,6 +159,134 @@ def test_fused_rows_mark():
     assert fuse.fused_rows(f"{fuse.FUSED}:39") == 39
     assert fuse.fused_rows("parallel") is None
     assert fuse.fused_rows(f"{fuse.FUSED}:x") is None
+    assert fuse.fused_columns(f"{fuse.FUSED}:39") is None
+    assert fuse.fused_rows(f"{fuse.FUSED}:7:48") == 7
+    assert fuse.fused_columns(f"{fuse.FUSED}:7:48") == 48
+    assert fuse.fused_columns(f"{fuse.FUSED}:7:x") is None
+    assert fuse.fused_columns("parallel") is None
+
+
+@pytest.fixture
+def small_l1(monkeypatch):
+    """An L1 of 4 KB (``POLYC_L1D_BYTES``): a fused stencil tile holds a few rows of a
+    small kernel's columns, as it does of a large one's on a real L1."""
+    monkeypatch.setenv("POLYC_L1D_BYTES", "4096")
+    machine.l1d_bytes.cache_clear()
+    yield
+    monkeypatch.delenv("POLYC_L1D_BYTES")
+    machine.l1d_bytes.cache_clear()
+
+
+def _tiles_of_rows_and_columns(schedule: isl.Schedule) -> list[int]:
+    """The members of each band that has a sequence of nests below it, directly or
+    under a ``parallel`` mark and the band of a wavefront's tiles."""
+    found = []
+
+    def visit(node: isl.ScheduleNode) -> bool:
+        if node.get_type() == isl.schedule_node_type.band and node.n_children():
+            below = node.child(0)
+            while below.get_type() in (isl.schedule_node_type.mark,
+                                       isl.schedule_node_type.band):
+                below = below.child(0)
+            if below.get_type() == isl.schedule_node_type.sequence \
+                    and node.parent().get_type() != isl.schedule_node_type.band \
+                    and node.parent().get_type() != isl.schedule_node_type.mark:
+                found.append(node.band_n_member())
+        return True
+
+    schedule.get_root().foreach_descendant_top_down(visit)
+    return found
+
+
+@pytest.mark.parametrize("n", [9, 37, 130, 203])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stencil_sweeps_fuse_rows_and_columns(tiny_l2, small_l1, n, threads):
+    """The unrolled sweeps of jacobi-2d fuse along the rows and along the columns too,
+    each sweep a row and a column behind the last: a band of tiles of both, which two
+    threads run as a wavefront (one parallel region, each front's tiles shared) and
+    one thread row by row. Exact, in the two outputs, at sizes no multiple of a tile."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "benchmarks"))
+    from polybench_kernels import _jacobi_ref, jacobi_tc
+    rng = np.random.default_rng(n)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    op = polyc.define(jacobi_tc(3), options=polyc.Options(threads=threads))
+    for _ in range(2):
+        for g, w in zip(op(a, b), _jacobi_ref(3)(a, b)):
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+    if n < 37:
+        return
+    compiled = op.compiled_for({"N": n})
+    if n * n * 8 >= share.MIN_SHARED_BYTES:  # (the sweeps run in the two outputs)
+        assert not compiled.scheduled.kernel.temporaries
+    if threads == 2:
+        src = compiled.c_source
+        region = src.index("#pragma omp parallel num_threads(2)\n")
+        assert src.index("#pragma omp for\n", region) > region
+    else:
+        assert 2 in _tiles_of_rows_and_columns(compiled.schedule)
+
+
+def test_stencil_columns_stay_apart_where_a_sweep_reads_whole_rows(tiny_l2, small_l1):
+    """atax's second product reads every column the first summed: no column shift
+    keeps its dependences within a few columns, so only the rows fuse."""
+    op = polyc.define(ATAX, options=polyc.Options(threads=1))
+    m, n = 97, 131
+    rng = np.random.default_rng(0)
+    A, x = rng.standard_normal((m, n)), rng.standard_normal(n)
+    np.testing.assert_allclose(op(A, x), A.T @ (A @ x), rtol=1e-10, atol=1e-9)
+    schedule = op.compiled_for({"M": m, "N": n}).schedule
+    assert fused_bands(schedule) and 2 not in _tiles_of_rows_and_columns(schedule)
+
+
+def _random_stencil_chain(rng) -> str:
+    """Two to four sweeps over an N x M grid, each a cross of taps on the last sweep's
+    result and up to two more within two rows and columns (lopsided: the shifts along
+    both members differ), the border copied from the input first, as the unrolled
+    Jacobi does."""
+    lines, src = [], "A"
+    steps = int(rng.integers(2, 5))
+    for k in range(steps):
+        taps = {(-1, 0), (1, 0), (0, -1), (0, 1)} | {  # (a cross: isl keeps them apart)
+            (int(rng.integers(-1, 2)), int(rng.integers(-1, 2)))
+            for _ in range(int(rng.integers(0, 3)))}
+        lo_i, hi_i = max(0, -min(d for d, _ in taps)), max(0, max(d for d, _ in taps))
+        lo_j, hi_j = max(0, -min(d for _, d in taps)), max(0, max(d for _, d in taps))
+        expr = " + ".join(f"{rng.integers(1, 9) / 8} * {src}({_at('i', di)},{_at('j', dj)})"
+                          for di, dj in sorted(taps))
+        dst = f"T{k}"
+        lines += [f"{dst}(i,j) = A(i,j)",
+                  f"{dst}(i,j) = {expr} where i in {lo_i}:N-{hi_i}, j in {lo_j}:M-{hi_j}"]
+        src = dst
+    body = "\n    ".join(lines)
+    return f"def chain(double(N,M) A) -> ({src}) {{\n    {body}\n}}"
+
+
+def _at(it: str, d: int) -> str:
+    return it if d == 0 else f"{it}{d:+d}"
+
+
+@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.filterwarnings("ignore:.*exceeded its budget")  # (then one nest at a time)
+def test_random_stencil_chains_against_the_interpreter(tiny_l2, small_l1, monkeypatch, seed):
+    """Random chains of lopsided stencil sweeps, fused along rows and columns or not,
+    against the fuzzers' reference interpreter, at 1 and 2 threads (the small grids
+    run parallel loops too)."""
+    monkeypatch.setattr(optimize, "TINY_WORK", 0)
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fuzz"))
+    import interp as I
+
+    rng = np.random.default_rng(seed)
+    src = _random_stencil_chain(rng)
+    (d,) = I.parse(src)
+    n, m = int(rng.integers(5, 90)), int(rng.integers(5, 90))
+    inputs = [rng.standard_normal((n, m))]
+    want, _ = I.run(d, inputs)
+    for threads in (1, 2):
+        got = polyc.define(src, options=polyc.Options(threads=threads))(*inputs)
+        np.testing.assert_allclose(got, np.asarray(want[0]), rtol=1e-12, atol=1e-12,
+                                   err_msg=src)
 
 
 @pytest.mark.parametrize("m,n", [(1, 1), (2, 3), (13, 7), (27, 40), (40, 27)])

@@ -148,7 +148,11 @@ def test_wavefront_of_tiles_runs_in_parallel(diamond):
     got = op(T=150, N=3001, A=A.copy(), B=B.copy())
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-    assert "#pragma omp parallel for" in op.c_source
+    # one parallel region around the loop over the fronts, each front's tiles shared
+    region = op.c_source.index("#pragma omp parallel num_threads(2)\n")
+    fronts = op.c_source.index("for (", region)
+    assert op.c_source.index("#pragma omp for\n", fronts) > fronts
+    assert "omp parallel for" not in op.c_source
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -111,14 +111,18 @@ def fuse_streams(schedule: isl.Schedule, kernel: Kernel, deps: Dependences,
         nests.append(_Nest(names, f.filter_get_filter(), band))
     validity = deps.validity
     order: list[list[_Nest] | _Nest] = []
-    #: index in ``order`` -> (member, shift) of each nest, rows of a fused iteration
-    fused: dict[int, tuple[list[tuple[int, int]], int]] = {}
+    #: index in ``order`` -> (member, shift) of each nest, rows of a fused iteration,
+    #: and where the columns are fused too, their (member, shift) and columns
+    fused: dict[int, tuple[list[tuple[int, int]], int, _Columns | None]] = {}
     i = 0
     while i < len(nests):
         run, choice, hoisted, j, rows = _best_run(nests, i, validity, kernel, options)
         if rows is not None:
             order.extend(hoisted)
-            fused[len(order)] = (choice, rows)
+            columns = _columns(run, choice, rows, validity, kernel, options)
+            if columns is not None:
+                rows = columns.rows
+            fused[len(order)] = (choice, rows, columns)
             order.append(run)
             i = j
         else:
@@ -252,19 +256,22 @@ def _member(band: isl.ScheduleNode, m: int) -> isl.UnionPwAff:
     return band.band_get_partial_schedule().get_union_pw_aff(m)
 
 
-def _place(nest: _Nest, outer: isl.UnionPwAff, pairs: isl.UnionMap, ordered: bool
-           ) -> tuple[int, int, isl.UnionPwAff] | None:
+def _place(nest: _Nest, outer: isl.UnionPwAff, pairs: isl.UnionMap, ordered: bool,
+           skip: int | None = None) -> tuple[int, int, isl.UnionPwAff] | None:
     """The member of ``nest``'s band that keeps the instance pairs ``pairs`` (run ->
     ``nest``) closest in the fused loop, at most :data:`MAX_SPREAD` iterations apart,
     with its shift and its shifted schedule; None when there is none. ``ordered``: the
     pairs are dependences, so the shift puts every sink at or after its source; else
-    it puts them as close as it can."""
+    it puts them as close as it can. ``skip``: a member not to take (the one a fused
+    row loop took already)."""
     band = nest.band
     if band is None:
         return None
     members = range(band.band_n_member()) if band.band_get_permutable() else range(1)
     best = None
     for m in members:
+        if m == skip:
+            continue
         f = _member(band, m)
         gaps = isl.Set.from_union_set(
             pairs.apply_domain(isl.UnionMap.from_union_pw_aff(outer))
@@ -385,8 +392,17 @@ def _worth_it(total: int, saved: int, options: Options) -> bool:
 
 def fused_rows(mark: str) -> int | None:
     """The rows of a fused loop from its mark's name; None for another mark."""
-    head, _, rows = mark.partition(":")
+    head, _, rest = mark.partition(":")
+    rows = rest.partition(":")[0]
     return int(rows) if head == FUSED and rows.isdigit() else None
+
+
+def fused_columns(mark: str) -> int | None:
+    """The columns of a fused tile from its mark's name (``fused:R:C``: a band of rows
+    and columns); None for a fused loop of rows alone or another mark."""
+    head, _, rest = mark.partition(":")
+    cols = rest.partition(":")[2]
+    return int(cols) if head == FUSED and cols.isdigit() else None
 
 
 def _rows(run: list[_Nest], choice: list[tuple[int, int]], kernel: Kernel,
@@ -422,8 +438,96 @@ def _fused_first(band: isl.ScheduleNode, member: int) -> isl.ScheduleNode:
     return tiling.permute_band(band, [member] + [m for m in range(n) if m != member])
 
 
+@dataclass(frozen=True)
+class _Columns:
+    """A run's second fused member: per nest its (member, shift), and the rows and
+    columns of a fused tile."""
+    choice: list[tuple[int, int]]
+    rows: int
+    columns: int
+
+
+def _columns(run: list[_Nest], choice: list[tuple[int, int]], rows: int,
+             validity: isl.UnionMap, kernel: Kernel, options: Options) -> _Columns | None:
+    """The run's columns fused too, where its nests are stencil-like sweeps: each nest
+    a second member, shifted so that every dependence between the nests goes forward
+    or stays along it as well (Jacobi's sweeps, each a row and a column behind the
+    one before), so that the fused band of rows and columns is permutable and its
+    tiles run as a wavefront; None where the run is not such (a register tile's rows,
+    a nest that reads a whole row of another: atax's sums)."""
+    if not FUSE_COLUMNS or rows != 1 or not _passed_bytes(run, kernel, machine.l2_bytes()):
+        return None
+    if any(n.band is None or not n.band.band_get_permutable() or n.band.band_n_member() < 2
+           for n in run):
+        return None
+    first = run[0]
+    lead = choice[0][0]
+    # (the outer members first: the last one is most often the contiguous one, best
+    # kept whole for the vector loop)
+    candidates = [m for m in range(first.band.band_n_member()) if m != lead]
+    for m in candidates:
+        picked = [(m, 0)]
+        outer = _member(first.band, m)
+        for k in range(1, len(run)):
+            nest = run[k]
+            src = _union(r.filter for r in run[:k])
+            pairs = validity.intersect_domain(src).intersect_range(nest.filter)
+            reached = not pairs.is_empty()
+            if not reached:
+                pairs = _shared_reads(run[:k], nest, kernel)
+            placed = None if pairs.is_empty() else \
+                _place(nest, outer, pairs, reached, skip=choice[k][0])
+            if placed is None:
+                break
+            member, shift, upa = placed
+            picked.append((member, shift))
+            outer = outer.union_add(upa)
+        else:
+            return _column_tile(run, choice, picked, kernel, options)
+    return None
+
+
+#: fuse a stencil run's columns as well as its rows, into tiles a wavefront runs in
+#: parallel (:func:`_columns`; a switch for measurements)
+FUSE_COLUMNS = True
+#: column tiles a thread, at least (the wavefront's parallel loop)
+COLUMN_TILES = 4
+#: the share of the L1 the rows of one nest in a fused tile take (:func:`_column_tile`)
+COLUMN_L1_FRACTION = 2
+
+
+def _column_tile(run: list[_Nest], choice: list[tuple[int, int]],
+                 columns: list[tuple[int, int]], kernel: Kernel, options: Options
+                 ) -> _Columns | None:
+    """The rows and columns of a tile of a run fused along both: the columns cut the
+    first nest's column member into :data:`COLUMN_TILES` tiles a thread (a multiple of
+    16), the rows as many as let one nest's rows of its arrays in a tile (the points
+    of the members below them included) fit :data:`COLUMN_L1_FRACTION` of the L1.
+    None on one thread where a tile would hold a single row."""
+    first = run[0]
+    n = first.band.band_n_member()
+    extents = [cache_blocks.member_extent(first.band, kernel, m) for m in range(n)]
+    if any(e is None for e in extents):
+        return None
+    threads = machine.threads(options.threads) if options.parallel else 1
+    cols = -(-extents[columns[0][0]] // (COLUMN_TILES * threads))
+    cols = -(-cols // 16) * 16
+    inner = 1
+    for m in range(n):
+        if m not in (choice[0][0], columns[0][0]):
+            inner *= extents[m]
+    per_point = max(sum(D.itemsize(kernel.array(a).dtype) for a in _arrays(nest, kernel))
+                    for nest in run)
+    rows = machine.l1d_bytes() // COLUMN_L1_FRACTION // (cols * inner * per_point)
+    if rows < 2 and threads == 1:
+        return None  # (a tile of one row reuses no more than the fused rows do: only a
+        # wavefront pays for it; heat-3d at 120, one thread: 1.05x the time)
+    return _Columns(columns, max(1, rows), cols)
+
+
 def _rebuild(schedule: isl.Schedule, order: list,
-             fused: dict[int, tuple[list[tuple[int, int]], int]]) -> isl.Schedule:
+             fused: dict[int, tuple[list[tuple[int, int]], int, _Columns | None]]
+             ) -> isl.Schedule:
     ctx = schedule.get_ctx()
     filters = isl.UnionSetList.alloc(ctx, len(order))
     for part in order:
@@ -436,18 +540,28 @@ def _rebuild(schedule: isl.Schedule, order: list,
             filters = filters.add(part.filter)
     top = schedule.get_root().child(0).insert_sequence(filters)
     for pos in sorted(fused, reverse=True):
-        run, (choice, rows) = order[pos], fused[pos]
+        run, (choice, rows, columns) = order[pos], fused[pos]
         node = top.child(pos).child(0)  # the run's sequence of nests
-        outer = None
+        outer = across = None
         for k, (nest, (member, shift)) in enumerate(zip(run, choice)):
             band = node.child(k).child(0)
             f = _shifted(_member(band, member), shift)
             if rows > 1:
                 f = f.scale_down_val(isl.Val.int_from_si(ctx, rows)).floor()
             outer = f if outer is None else outer.union_add(f)
+            if columns is not None:
+                m, c = columns.choice[k]
+                g = _shifted(_member(band, m), c).scale_down_val(
+                    isl.Val.int_from_si(ctx, columns.columns)).floor()
+                across = g if across is None else across.union_add(g)
             node = _fused_first(band, member).parent().parent()
-        mupa = isl.MultiUnionPwAff.from_union_pw_aff(outer)
-        node = node.insert_partial_schedule(mupa)  # (not coincident: never parallel)
-        node = node.insert_mark(isl.Id(f"{FUSED}:{rows}"))
+        if columns is None:
+            mupa = isl.MultiUnionPwAff.from_union_pw_aff(outer)
+            node = node.insert_partial_schedule(mupa)  # (not coincident: never parallel)
+            node = node.insert_mark(isl.Id(f"{FUSED}:{rows}"))
+        else:  # (permutable: optimize runs its tiles as a wavefront)
+            node = node.insert_partial_schedule(tiling.multi_union_pw_aff([outer, across]))
+            node = node.band_set_permutable(1)
+            node = node.insert_mark(isl.Id(f"{FUSED}:{rows}:{columns.columns}"))
         top = node.parent().parent()
     return top.get_schedule()

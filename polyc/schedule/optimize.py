@@ -64,6 +64,9 @@ from .vector import REDUCE, best_member, member_iterators, reduction_member, str
 
 PARALLEL = "parallel"
 SIMD = "simd"
+#: above a wavefront's loop over its fronts: one parallel region around it, the
+#: parallel loop of each front shared by its threads (``codegen``)
+WAVEFRONT = "wavefront"
 
 #: default tile sizes: outer members, reduction (non-coincident) members, vector member
 DEFAULT_TILE_OUTER = 32
@@ -114,6 +117,8 @@ def _visit(node: isl.ScheduleNode, kernel: Kernel, options: Options,
     the rows of the fused loop above (:mod:`.fuse`), for the bands of its nests."""
     if node.get_type() == isl.schedule_node_type.mark:
         rows = fuse.fused_rows(node.mark_get_id().get_name())
+        if rows is not None and fuse.fused_columns(node.mark_get_id().get_name()):
+            return _fused_tiles(node, kernel, options, parallel_done)
         if rows is not None:  # a fused loop: no parallel loops below it, and its rows
             node = node.delete()  # are the tiles of its nests' fused member
             seq = _visit(node.child(0), kernel, options, True, tile, rows)
@@ -124,6 +129,31 @@ def _visit(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                           fused).parent()
         return node
     return _visit_band(node, kernel, options, parallel_done, tile, fused)
+
+
+def _fused_tiles(mark: isl.ScheduleNode, kernel: Kernel, options: Options,
+                 parallel_done: bool) -> isl.ScheduleNode:
+    """A band of fused rows and columns (:func:`.fuse.fused_columns`): its tiles run as
+    a wavefront, the tiles of one front in parallel, and inside a tile each nest sweeps
+    its rows of the tile in turn, untiled (its innermost loop a vector loop)."""
+    node = mark.delete()
+    climb = 0
+    if not parallel_done and machine.threads(options.threads) > 1:
+        node = _wavefront(node)
+        climb = 3
+    node = _visit(node.child(0), kernel, options, True, False).parent()
+    for _ in range(climb):
+        node = node.parent()
+    return node
+
+
+def _wavefront(tiles: isl.ScheduleNode, sizes: list[int] | None = None) -> isl.ScheduleNode:
+    """The tile band ``tiles`` as a wavefront (:func:`.tiling.wavefront`), its inner band
+    parallel: returns that band, below three new nodes (a ``wavefront`` mark, the band
+    of the fronts and a ``parallel`` mark)."""
+    inner = tiling.wavefront(tiles, sizes)
+    front = inner.parent().insert_mark(isl.Id(WAVEFRONT)).child(0)
+    return front.child(0).insert_mark(isl.Id(PARALLEL)).child(0)
 
 
 def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
@@ -204,8 +234,8 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                     and machine.threads(options.threads) > 1
                     and _reductions_apart(node, kernel)):
                 # no parallel loop (a skewed stencil's time tiles): a wavefront of tiles
-                node = tiling.wavefront(node, sizes).insert_mark(isl.Id(PARALLEL)).child(0)
-                marks_above += 2
+                node = _wavefront(node, sizes)
+                marks_above += 3
                 parallel_done = True
             if not parallel_done:
                 node = _parallel_first(node, sizes, extents, par)
