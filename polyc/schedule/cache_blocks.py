@@ -11,9 +11,8 @@ in L3, and the 8 KB row stride makes the panel conflict in L2); 256 rows reach 0
 
 The rows are bounded by two things:
 
-* the ``A`` block of a cache tile (``mc x kc``) stays in L2 beside the panel: at most a
-  quarter of it (:data:`ROW_BLOCK_L2_FRACTION`; 256 float32 rows of 256 on a 1 MB L2),
-  half where several threads share the L3 (:data:`ROW_BLOCK_L2_FRACTION_THREADS`);
+* the ``A`` block of a cache tile (``mc x kc``) stays in L2 beside the panel: at most
+  half of it (:data:`ROW_BLOCK_L2_FRACTION`; 256 float32 rows of 512 on a 1 MB L2);
 * when the row member is the band's outermost (the ``omp parallel for`` loop), every thread
   gets the same number of equally sized row blocks, so bigger blocks never starve a core.
 
@@ -31,14 +30,15 @@ from ..options import Options
 from . import machine, register_tile, tiling
 from .vector import member_iterators
 
-#: the share of the L2 the A block of one cache tile may take (the panel takes half)
-ROW_BLOCK_L2_FRACTION = 4
-#: ... where several threads run: twice the rows, so each thread streams its panels from
-#: the shared L3 and memory half as often per flop (measured on a Zen 5 EPYC, 2 threads:
-#: matmul 4096 456 -> 484 GFLOP/s, 2048 460 -> 474, 1024 and the rectangular shapes, the
-#: ResNets, BERT and MobileNetV2 unchanged within noise; one thread gained nothing: BERT
-#: 0.97x, MobileNetV2 1.01x, matmul the same)
-ROW_BLOCK_L2_FRACTION_THREADS = 2
+#: the share of the L2 the A block of one cache tile may take (the panel takes half).
+#: Half rather than a quarter: twice the rows, so each thread streams its panels from
+#: the L3 and memory half as often per flop. Measured on a Zen 5 EPYC, A/B in one
+#: process: 2 threads, matmul 4096 456 -> 484 GFLOP/s, 2048 460 -> 474, 1024, the
+#: rectangular shapes, the ResNets, BERT and MobileNetV2 unchanged within noise; one
+#: thread, matmul 3000 234 -> 239 GFLOP/s (twice), 4096 241 -> 244, 4096x1024x256
+#: 262 -> 265, the others within 1%; ResNet-18 0.99x of the time, MobileNetV2 0.98x,
+#: BERT 0.99x, ResNet-50 1.01x
+ROW_BLOCK_L2_FRACTION = 2
 
 
 def fit_rows(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
@@ -50,8 +50,7 @@ def fit_rows(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
     itemsize = D.itemsize(kernel.array(reg.array).dtype)
     depth = reduction_depth(sizes, node, kernel)
     cores = machine.threads(options.threads) if options.parallel else 1
-    share = ROW_BLOCK_L2_FRACTION_THREADS if cores > 1 else ROW_BLOCK_L2_FRACTION
-    budget = machine.l2_bytes() // share // max(1, depth * itemsize)
+    budget = machine.l2_bytes() // ROW_BLOCK_L2_FRACTION // max(1, depth * itemsize)
     budget = max(reg.mr, budget // reg.mr * reg.mr)
     threads = cores if reg.u == 0 else 1
     sizes = list(sizes)
