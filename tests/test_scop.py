@@ -364,6 +364,6 @@ def test_time_tiles_sweep_long_rows(threads):
     src = op.compiled_for(dict(T=150, N=20001)).c_source
     spans = [int(m) for m in re.findall(r"c5 <= polyc_min_i64\(19999, [^;]*?\+ (\d+)\);", src)]
     assert spans and min(spans) >= 1000, spans
-    if threads == 2:
-        assert "#pragma omp parallel for" in src
+    if threads == 2:  # (one parallel region, each front's tiles shared)
+        assert "#pragma omp parallel num_threads(2)" in src and "#pragma omp for" in src
     run_jacobi_1d(op, T=150, N=20001)  # (checks against numpy)
