@@ -238,6 +238,33 @@ def test_stencil_columns_stay_apart_where_a_sweep_reads_whole_rows(tiny_l2, smal
     assert fused_bands(schedule) and 2 not in _tiles_of_rows_and_columns(schedule)
 
 
+#: two stencil sweeps and a sum over both results: the sum would join a run of fused
+#: rows and columns, where two tiles of one front would add to its one element at once
+SWEEPS_AND_SUM = """
+def chain(double(N,M) A) -> (T1, s) {
+    T0(i,j) = A(i,j)
+    T0(i,j) = A(i-1,j) + A(i+1,j) + A(i,j-1) + A(i,j+1) where i in 1:N-1, j in 1:M-1
+    T1(i,j) = A(i,j)
+    T1(i,j) = T0(i-1,j) + T0(i+1,j) + T0(i,j-1) + T0(i,j+1) where i in 1:N-1, j in 1:M-1
+    s(z) +=! T1(i,j) * T0(i,j) where z in 0:1
+}"""
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_sum_keeps_the_columns_apart(tiny_l2, small_l1, threads):
+    """A run with a reduction fuses no columns (at 2 threads the legality check refused
+    the wavefront, with a warning: an error here); the results against numpy."""
+    n, m = 97, 131
+    A = np.random.default_rng(0).standard_normal((n, m))
+    T1, s = polyc.define(SWEEPS_AND_SUM, options=polyc.Options(threads=threads))(A)
+    T0 = A.copy()
+    T0[1:-1, 1:-1] = A[:-2, 1:-1] + A[2:, 1:-1] + A[1:-1, :-2] + A[1:-1, 2:]
+    want = A.copy()
+    want[1:-1, 1:-1] = T0[:-2, 1:-1] + T0[2:, 1:-1] + T0[1:-1, :-2] + T0[1:-1, 2:]
+    np.testing.assert_allclose(T1, want, rtol=1e-12)
+    np.testing.assert_allclose(s, [(want * T0).sum()], rtol=1e-10)
+
+
 def _random_stencil_chain(rng) -> str:
     """Two to four sweeps over an N x M grid, each a cross of taps on the last sweep's
     result and up to two more within two rows and columns (lopsided: the shifts along

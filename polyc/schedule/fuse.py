@@ -466,12 +466,12 @@ def _columns(run: list[_Nest], choice: list[tuple[int, int]], rows: int,
     or stays along it as well (Jacobi's sweeps, each a row and a column behind the
     one before), so that the fused band of rows and columns is permutable and its
     tiles run as a wavefront; None where the run is not such (a register tile's rows,
-    a nest that reads a whole row of another: atax's sums)."""
+    a nest that reads a whole row of another: atax's sums; any reduction)."""
     if not FUSE_COLUMNS or rows != 1 or not _passed_bytes(run, kernel, machine.l2_bytes()):
         return None
     if any(n.band is None or not n.band.band_get_permutable() or n.band.band_n_member() < 2
-           for n in run):
-        return None
+           or any(kernel.statement(name).op != "=" for name in n.names) for n in run):
+        return None  # (a sum: the tiles of one front could update one element at once)
     first = run[0]
     lead = choice[0][0]
     # (the outer members first: the last one is most often the contiguous one, best
