@@ -218,12 +218,14 @@ def test_stencil_sweeps_fuse_rows_and_columns(tiny_l2, small_l1, n, threads):
     compiled = op.compiled_for({"N": n})
     if n * n * 8 >= share.MIN_SHARED_BYTES:  # (the sweeps run in the two outputs)
         assert not compiled.scheduled.kernel.temporaries
-    if threads == 2:
+    if threads == 2 and n >= 130:  # (a smaller grid is too little work for threads)
         src = compiled.c_source
         region = src.index("#pragma omp parallel num_threads(2)\n")
         assert src.index("#pragma omp for\n", region) > region
     else:
         assert 2 in _tiles_of_rows_and_columns(compiled.schedule)
+        if threads == 2:
+            assert "omp for" not in compiled.c_source
 
 
 def test_stencil_columns_stay_apart_where_a_sweep_reads_whole_rows(tiny_l2, small_l1):

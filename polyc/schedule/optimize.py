@@ -29,6 +29,11 @@ One top-down walk over the schedule tree. At each band:
    time-skewed tile's innermost member is long, so that sweep is too
    (:func:`_stencil_rows`: jacobi-1d 0.53x -> 1.23x).
 
+   A band of stencil sweeps fused along rows and columns (:mod:`.fuse`: ``fused:R:C``)
+   runs its tiles as a wavefront on several threads (:func:`_fused_tiles`); every
+   wavefront gets a ``wavefront`` mark, so that code generation opens one parallel
+   region around the loop over its fronts.
+
 7. **vector reductions**: a leaf band over one max or min reduction whose reduction
    member walks its reads' contiguous index, where every coincident member would
    gather (a softmax's row maxima), runs that member innermost under a ``"reduce"``
@@ -135,10 +140,12 @@ def _fused_tiles(mark: isl.ScheduleNode, kernel: Kernel, options: Options,
                  parallel_done: bool) -> isl.ScheduleNode:
     """A band of fused rows and columns (:func:`.fuse.fused_columns`): its tiles run as
     a wavefront, the tiles of one front in parallel, and inside a tile each nest sweeps
-    its rows of the tile in turn, untiled (its innermost loop a vector loop)."""
+    its rows of the tile in turn, untiled (its innermost loop a vector loop). A band
+    doing too little for a parallel region (:func:`_is_tiny`) runs its tiles in order."""
     node = mark.delete()
     climb = 0
-    if not parallel_done and machine.threads(options.threads) > 1:
+    if not parallel_done and machine.threads(options.threads) > 1 \
+            and not _is_tiny(node, kernel):
         node = _wavefront(node)
         climb = 3
     node = _visit(node.child(0), kernel, options, True, False).parent()
