@@ -638,3 +638,53 @@ def test_float16_copy_keeps_the_bits(target):
     (y,) = m(bits.view(np.float16))
     np.testing.assert_array_equal(y.view(np.uint16), bits.transpose(2, 1, 0))
     assert "polyc_f16_store(polyc_f16_load" not in m.c_source  # (the .cu for CUDA)
+
+
+#: (scale, zero point, output type): the relu before each QuantizeLinear is redundant
+#: where the clamp's lower bound less the zero point is at least zero
+_RELU_QUANT = [(0.37, 0, TensorProto.UINT8, True), (3.6171164512634277, 0, TensorProto.UINT8, True),
+               (0.5, 10, TensorProto.UINT8, False), (0.25, 0, TensorProto.INT8, False)]
+
+
+@pytest.mark.parametrize("scale,zero,otype,dropped", _RELU_QUANT)
+def test_relu_under_a_quantizing_clamp(monkeypatch, scale, zero, otype, dropped):
+    """``QuantizeLinear(Relu(a + b))``: where the saturating clamp's lower bound less the
+    zero point is at least zero (uint8 with zero point 0) the relu goes from the C
+    (``c_expr._without_relu``, through the division by the scale), and the bytes are
+    those of the relu kept, over negatives, +-0, denormals, +-inf, NaN, values past the
+    range and ties of the rounding; a zero point of 10 or an int8 output keeps it."""
+    from onnx import numpy_helper
+
+    from polyc.codegen import c_expr
+    ztype = np.uint8 if otype == TensorProto.UINT8 else np.int8
+    init = [numpy_helper.from_array(np.float32(scale), "s"),
+            numpy_helper.from_array(ztype(zero), "z")]
+    nodes = [helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4099])
+                                       for n in "ab"],
+                          [helper.make_tensor_value_info("y", otype, [4099])], init)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    rng = np.random.default_rng(7)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-38, -3e38, 3e38,
+                        scale * 0.5, scale * 1.5, scale * 2.5, -scale * 0.5, scale * 255.5,
+                        scale * 254.5, scale * 300], np.float32)
+    a = np.concatenate([special, rng.standard_normal(4099 - special.size).astype(np.float32)
+                        * np.float32(scale * 100)])
+    b = np.where(np.arange(4099) % 3 == 0, np.float32(0), a[::-1]).astype(np.float32)
+    outs, sources = [], []
+    for drop in (False, True):
+        monkeypatch.setattr(c_expr, "DROP_CLAMPED_RELU", drop)
+        m = polyc.compile_onnx(model)
+        outs.append(m(a, b)[0])
+        sources.append(m.c_source)
+    np.testing.assert_array_equal(outs[1], outs[0])
+    finite = np.isfinite(a + b)
+    with np.errstate(over="ignore"):
+        want = np.clip(np.rint(np.maximum(a + b, 0) / np.float32(scale)) + zero,
+                       *((0, 255) if ztype is np.uint8 else (-128, 127)))
+    np.testing.assert_array_equal(outs[0][finite], want[finite].astype(ztype))
+    def relu_called(src):  # (the prelude defines it: ``polyc_reluf(float x)``)
+        return re.search(r"polyc_reluf\((?!float )", src) is not None
+    assert relu_called(sources[1]) != dropped
+    assert relu_called(sources[0])
