@@ -36,14 +36,15 @@ from polyc.errors import InternalError
 from polyc.ir import Kernel
 
 #: mark ids that carry a decision of the scheduler into the AST (``wavefront``: the loop
-#: over a wavefront's fronts, whose parallel loop inside shares one parallel region)
-LOOP_MARKS = ("parallel", "simd", "reduce", "wavefront")
+#: over a wavefront's fronts, whose parallel loop inside shares one parallel region;
+#: ``cyclic``: a parallel loop whose iterations go to the threads in turn)
+LOOP_MARKS = ("parallel", "simd", "reduce", "wavefront", "cyclic")
 #: the prefix of an unroll mark, ``unroll:4`` (unroll by 4: a loop pragma)
 UNROLL = "unroll:"
 
 
 def is_loop_mark(name: str) -> bool:
-    """``parallel``, ``simd``, ``reduce``, ``wavefront`` or ``unroll:<factor>``."""
+    """``parallel``, ``simd``, ``reduce``, ``wavefront``, ``cyclic`` or ``unroll:<factor>``."""
     return name in LOOP_MARKS or (name.startswith(UNROLL) and name[len(UNROLL):].isdigit())
 _ITERATOR = re.compile(r"polyc_c([0-9]+)")
 

@@ -124,6 +124,8 @@ class CDialect:
     #: loop of such a region its threads share, and a block one of them runs; None for
     #: none (the fronts' loops then each start their own ``parallel_pragma``)
     region_pragma: str | None = None
+    #: appended to a parallel loop's pragma whose iterations go to the threads in turn
+    cyclic_clause = ""
     shared_loop_pragma = ""
     single_pragma = ""
     #: written before a function holding register tiles on a CPU with 512-bit vectors
@@ -145,11 +147,15 @@ class CDialect:
     #: no longer mentions is unused: nvcc's -Werror all-warnings refuses that)
     iterator_prefix = ""
 
-    def loop_pragmas(self, parallel: bool, simd: bool, options: Options) -> list[str]:
-        """The pragmas to put before a loop the schedule marked parallel and/or simd."""
+    def loop_pragmas(self, parallel: bool, simd: bool, options: Options,
+                     cyclic: bool = False) -> list[str]:
+        """The pragmas to put before a loop the schedule marked parallel and/or simd
+        (``cyclic``: its iterations go to the threads in turn)."""
         par = self.parallel_pragma if parallel and options.parallel else None
         vec = self.simd_pragma if simd and options.vectorize else None
         threads = self.threads_clause.format(options.threads) if options.threads else ""
+        if cyclic:
+            threads += self.cyclic_clause
         if par and vec and self.parallel_simd_pragma:
             return [self.parallel_simd_pragma + threads]
         return ([par + threads] if par else []) + ([vec] if vec else [])
@@ -162,6 +168,7 @@ class OpenMPDialect(CDialect):
     parallel_simd_pragma = "omp parallel for simd"
     threads_clause = " num_threads({})"
     region_pragma = "omp parallel"
+    cyclic_clause = " schedule(static, 1)"
     shared_loop_pragma = "omp for"
     single_pragma = "omp single"
 
@@ -763,7 +770,8 @@ class _Walker:
                 and self.options.parallel and not self.kernel.exits:
             return self._wavefront(n, var, pending)
         parallel = "parallel" in kinds and not in_parallel
-        pragmas = self.dialect.loop_pragmas(parallel, "simd" in kinds, self.options)
+        pragmas = self.dialect.loop_pragmas(parallel, "simd" in kinds, self.options,
+                                            "cyclic" in kinds)
         parallel = parallel and any("parallel" in p for p in pragmas)
         unroll = [k[len(UNROLL):] for k in kinds if k.startswith(UNROLL)]
         # gcc takes no unroll pragma beside an OpenMP one on the same loop (the schedule

@@ -62,6 +62,32 @@ def test_triangular_domain_is_the_triangle():
     assert fixed.count_val().to_python() == 7 * 8 // 2 * 5
 
 
+@pytest.mark.parametrize("name", ["syrk", "syr2k"])
+def test_triangle_tiles_go_to_the_threads_in_turn(name):
+    """The row tiles of syrk's triangle carry unequal work: at 2 threads they go to the
+    threads in turn (``schedule(static, 1)``), at 1 thread there is no clause, and a
+    square matmul keeps OpenMP's static schedule; exact against numpy at sizes no
+    multiple of a tile."""
+    b = next(x for x in BENCHES if x.name == name)
+    rng = np.random.default_rng(5)
+    sizes = {"N": 301, "M": 97}
+    inputs = [np.ascontiguousarray(x) for x in b.inputs(sizes, rng)]
+    want = b.numpy(*inputs)
+    for threads in (1, 2):
+        op = polyc.define(b.tc, threads=threads)
+        got = op(*inputs)
+        got = got if isinstance(got, tuple) else (got,)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+        cyclic = "schedule(static, 1)" in op.compiled_for(sizes).c_source
+        assert cyclic == (threads == 2)
+    mm = polyc.define("def mm(double(M,K) A, double(K,N) B) -> (C) "
+                      "{ C(m,n) +=! A(m,k) * B(k,n) }", threads=2)
+    a = rng.standard_normal((301, 97))
+    np.testing.assert_allclose(mm(a, a.T), a @ a.T, rtol=1e-10)
+    assert "schedule(static, 1)" not in mm.compiled_for({"M": 301, "K": 97, "N": 301}).c_source
+
+
 def test_jacobi_steps_unrolled():
     src = jacobi_tc(3)
     assert src.count("0.2 *") == 6 and "-> (A, B)" in src

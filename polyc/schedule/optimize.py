@@ -72,6 +72,9 @@ SIMD = "simd"
 #: above a wavefront's loop over its fronts: one parallel region around it, the
 #: parallel loop of each front shared by its threads (``codegen``)
 WAVEFRONT = "wavefront"
+#: beside a ``parallel`` mark: the loop's iterations go to the threads in turn
+#: (``schedule(static, 1)``), for tiles of unequal work (:func:`_cyclic_pays`)
+CYCLIC = "cyclic"
 
 #: default tile sizes: outer members, reduction (non-coincident) members, vector member
 DEFAULT_TILE_OUTER = 32
@@ -248,6 +251,9 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                 node = _parallel_first(node, sizes, extents, par)
     if not parallel_done and tiling.coincident_flags(node)[0]:
         if not _is_tiny(node, kernel):
+            if did_tile and CYCLIC_TRIANGLES and _cyclic_pays(node, kernel, options):
+                node = node.insert_mark(isl.Id(CYCLIC)).child(0)
+                marks_above += 1
             node = node.insert_mark(isl.Id(PARALLEL)).child(0)
             marks_above += 1
         parallel_done = True
@@ -721,6 +727,63 @@ def _parallel_first(tiles: isl.ScheduleNode, sizes: list[int],
     if not best:
         return tiles
     return tiling.permute_band(tiles, [best] + [i for i in range(len(flags)) if i != best])
+
+
+#: hand the tiles of a triangle to the threads in turn (:func:`_cyclic_pays`; a switch
+#: for measurements)
+CYCLIC_TRIANGLES = True
+#: the most tiles along the parallel member that :func:`_cyclic_pays` weighs one by one
+CYCLIC_MAX_TILES = 256
+
+
+def _cyclic_pays(tiles: isl.ScheduleNode, kernel: Kernel, options: Options) -> bool:
+    """Whether the tiles along the tile band's first member (the parallel loop) carry
+    such unequal work -- a triangle's rows, syrk's ``j <= i`` -- that handing them to the
+    threads in turn leaves the busiest thread at most 0.9x the work OpenMP's static
+    schedule (one contiguous run of tiles a thread) gives it. Each tile's work is the
+    bounding box of its statements' instances (a triangle's slice: its widest row)."""
+    threads = machine.threads(options.threads)
+    if threads < 2 or len(kernel.fixed_sizes) != len(kernel.sizes):
+        return False
+    upa = tiles.band_get_partial_schedule().get_union_pw_aff(0)
+    on = isl.UnionMap.from_union_pw_aff(upa).intersect_domain(tiles.get_domain()) \
+        .intersect_params(kernel.context)
+    values: list[isl.Set] = []
+    on.range().foreach_set(values.append)
+    if len(values) != 1:
+        return False
+    lo, hi = values[0].dim_min_val(0), values[0].dim_max_val(0)
+    if not (lo.is_int() and hi.is_int()):
+        return False
+    lo, hi = lo.to_python(), hi.to_python()
+    points = [p for p in _points(values[0], lo, hi)]
+    if not 2 * threads <= len(points) <= CYCLIC_MAX_TILES:
+        return False
+    work = []
+    for v in points:
+        at = isl.UnionSet.from_set(isl.Set.read_from_str(
+            kernel.context.get_ctx(), f"{{ [{v}] }}"))
+        slice_ = on.intersect_range(at).domain()
+        sets: list[isl.Set] = []
+        slice_.foreach_set(sets.append)
+        vols = [tiling.box_volume(x) for x in sets]
+        if any(x is None for x in vols):
+            return False
+        work.append(sum(vols))
+    n = len(work)
+    chunk = -(-n // threads)
+    static = max(sum(work[t * chunk:(t + 1) * chunk]) for t in range(threads))
+    cyclic = max(sum(work[t::threads]) for t in range(threads))
+    return cyclic <= 0.9 * static
+
+
+def _points(values: isl.Set, lo: int, hi: int) -> list[int]:
+    """The values of a one-dimensional set between ``lo`` and ``hi`` (a tile loop's:
+    multiples of its size)."""
+    out: list[int] = []
+    values.foreach_point(lambda p: out.append(p.get_coordinate_val(isl.dim_type.set, 0)
+                                              .to_python()))
+    return sorted(out)
 
 
 def _reductions_apart(band: isl.ScheduleNode, kernel: Kernel) -> bool:
