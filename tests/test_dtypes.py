@@ -679,6 +679,9 @@ def test_relu_under_a_quantizing_clamp(monkeypatch, scale, zero, otype, dropped)
         outs.append(m(a, b)[0])
         sources.append(m.c_source)
     np.testing.assert_array_equal(outs[1], outs[0])
+    # the CUDA target prints the same expressions (emulated on the CPU)
+    cuda = polyc.compile_onnx(model, target="cuda", emulate=True)
+    np.testing.assert_array_equal(np.asarray(cuda(a, b)[0]), outs[0])
     finite = np.isfinite(a + b)
     with np.errstate(over="ignore"):
         want = np.clip(np.rint(np.maximum(a + b, 0) / np.float32(scale)) + zero,

@@ -206,11 +206,7 @@ def _longest_run(nests: list[_Nest], start: int, lead: int, validity: isl.UnionM
     j = start + 1
     while j < len(nests):
         nest = nests[j]
-        src = _union(r.filter for r in run)
-        into = validity.intersect_domain(src).intersect_range(nest.filter)
-        reached = not into.is_empty()
-        # a nest no dependence reaches is placed where it reads what the run reads
-        pairs = into if reached else _shared_reads(run, nest, kernel)
+        pairs, reached = _pairs_into(run, nest, validity, kernel)
         placed = None if pairs.is_empty() else _place(nest, outer, pairs, reached)
         if placed is not None:
             member, shift, upa = placed
@@ -226,6 +222,17 @@ def _longest_run(nests: list[_Nest], start: int, lead: int, validity: isl.UnionM
         hoisted.pop()  # trailing nests need not move: they stay after the run
         j -= 1
     return run, choice, hoisted, j
+
+
+def _pairs_into(run: list[_Nest], nest: _Nest, validity: isl.UnionMap, kernel: Kernel
+                ) -> tuple[isl.UnionMap, bool]:
+    """The instance pairs that place ``nest`` after ``run``, and whether they are
+    dependences: the dependences from the run into it, or where none reaches it, the
+    pairs that read one element of what the run reads (it is placed beside them)."""
+    into = validity.intersect_domain(_union(r.filter for r in run)).intersect_range(nest.filter)
+    if not into.is_empty():
+        return into, True
+    return _shared_reads(run, nest, kernel), False
 
 
 def _union(sets) -> isl.UnionSet:
@@ -402,19 +409,23 @@ def _worth_it(total: int, saved: int, options: Options) -> bool:
     return total > threads * (total - saved)
 
 
+def _fused_field(mark: str, k: int) -> int | None:
+    """Field ``k`` (0: rows, 1: columns) of a ``fused:R[:C]`` mark's name, or None."""
+    head, *fields = mark.split(":")
+    if head != FUSED or not 1 <= len(fields) <= 2 or k >= len(fields):
+        return None
+    return int(fields[k]) if fields[k].isdigit() else None
+
+
 def fused_rows(mark: str) -> int | None:
     """The rows of a fused loop from its mark's name; None for another mark."""
-    head, _, rest = mark.partition(":")
-    rows = rest.partition(":")[0]
-    return int(rows) if head == FUSED and rows.isdigit() else None
+    return _fused_field(mark, 0)
 
 
 def fused_columns(mark: str) -> int | None:
     """The columns of a fused tile from its mark's name (``fused:R:C``: a band of rows
     and columns); None for a fused loop of rows alone or another mark."""
-    head, _, rest = mark.partition(":")
-    cols = rest.partition(":")[2]
-    return int(cols) if head == FUSED and cols.isdigit() else None
+    return _fused_field(mark, 1)
 
 
 def _rows(run: list[_Nest], choice: list[tuple[int, int]], kernel: Kernel,
@@ -482,11 +493,7 @@ def _columns(run: list[_Nest], choice: list[tuple[int, int]], rows: int,
         outer = _member(first.band, m)
         for k in range(1, len(run)):
             nest = run[k]
-            src = _union(r.filter for r in run[:k])
-            pairs = validity.intersect_domain(src).intersect_range(nest.filter)
-            reached = not pairs.is_empty()
-            if not reached:
-                pairs = _shared_reads(run[:k], nest, kernel)
+            pairs, reached = _pairs_into(run[:k], nest, validity, kernel)
             placed = None if pairs.is_empty() else \
                 _place(nest, outer, pairs, reached, skip=choice[k][0])
             if placed is None:

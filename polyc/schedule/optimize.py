@@ -752,17 +752,14 @@ def _cyclic_pays(tiles: isl.ScheduleNode, kernel: Kernel, options: Options) -> b
     on.range().foreach_set(values.append)
     if len(values) != 1:
         return False
-    lo, hi = values[0].dim_min_val(0), values[0].dim_max_val(0)
-    if not (lo.is_int() and hi.is_int()):
+    if not (values[0].is_bounded() and values[0].dim_min_val(0).is_int()):
         return False
-    lo, hi = lo.to_python(), hi.to_python()
-    points = [p for p in _points(values[0], lo, hi)]
+    points = _points(values[0])
     if not 2 * threads <= len(points) <= CYCLIC_MAX_TILES:
         return False
     work = []
     for v in points:
-        at = isl.UnionSet.from_set(isl.Set.read_from_str(
-            kernel.context.get_ctx(), f"{{ [{v}] }}"))
+        at = isl.UnionSet.from_set(values[0].fix_dim_si(0, v))
         slice_ = on.intersect_range(at).domain()
         sets: list[isl.Set] = []
         slice_.foreach_set(sets.append)
@@ -777,9 +774,9 @@ def _cyclic_pays(tiles: isl.ScheduleNode, kernel: Kernel, options: Options) -> b
     return cyclic <= 0.9 * static
 
 
-def _points(values: isl.Set, lo: int, hi: int) -> list[int]:
-    """The values of a one-dimensional set between ``lo`` and ``hi`` (a tile loop's:
-    multiples of its size)."""
+def _points(values: isl.Set) -> list[int]:
+    """The values of a bounded one-dimensional set, in order (a tile loop's: multiples
+    of its size)."""
     out: list[int] = []
     values.foreach_point(lambda p: out.append(p.get_coordinate_val(isl.dim_type.set, 0)
                                               .to_python()))
