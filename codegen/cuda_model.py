@@ -157,9 +157,11 @@ def _header(p: model_c.Parts, arena: int) -> str:
         "#ifdef __cplusplus", "}", "#endif", "", f"#endif /* {guard} */", ""])
 
 
-#: the C target's weights reader, as C++: its three allocations need casts
+#: the C target's weights reader, as C++: its three allocations need casts (and the host
+#: copy of the weights, which only goes to the device, takes plain aligned_alloc: the
+#: device prelude has no ``polyc_alloc``)
 _CASTS = (("head = malloc(", "head = (unsigned char *)malloc("),
-          ("data = aligned_alloc(", "data = (unsigned char *)aligned_alloc("),
+          ("data = polyc_alloc(", f"data = (unsigned char *)aligned_alloc({ALIGN}, "),
           ("model = malloc(", "model = (polyc_host_model *)malloc("))
 
 

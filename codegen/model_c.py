@@ -297,7 +297,7 @@ static int polyc_checksums_ok(const unsigned char *head, const unsigned char *da
   if (!f)
     return NULL;
   head = malloc(POLYC_HEADER_BYTES);
-  data = aligned_alloc({ALIGN}, POLYC_DATA_BYTES ? POLYC_DATA_BYTES : {ALIGN}u);
+  data = polyc_alloc(POLYC_DATA_BYTES ? POLYC_DATA_BYTES : {ALIGN}u);
   model = malloc(sizeof *model);
   if (!head || !data || !model || fread(head, 1, POLYC_HEADER_BYTES, f) != POLYC_HEADER_BYTES
       || !polyc_header_ok(head) || fread(data, 1, POLYC_DATA_BYTES, f) != POLYC_DATA_BYTES
@@ -517,7 +517,7 @@ def _api(p: Parts) -> str:
     ws_msg = f'"{_c_string(m)}_run_with_workspace: an argument is NULL' + \
         (f', or the workspace is NULL or not {ALIGN}-byte aligned"' if arena else '"')
     oom = f'"{_c_string(m)}_run: cannot allocate the workspace ({arena} bytes)"'
-    alloc = (f"\n  if (!(arena = aligned_alloc({ALIGN}, {arena}u)))\n"
+    alloc = (f"\n  if (!(arena = polyc_alloc({arena}u)))\n"
              f"    return polyc_run_fail(2, {oom});" if arena else "")
     return f"""size_t {m}_workspace_size(void)
 {{

@@ -161,3 +161,55 @@ def test_scratch_works_when_the_process_has_no_pthread_key_left():
     done = subprocess.run([sys.executable, "-c", _KEYS_EXHAUSTED, ACCUMULATED],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]
+
+
+def test_big_scratch_blocks_take_huge_page_boundaries():
+    """A scratch block of 4 MiB or more comes from ``polyc_alloc``'s huge-page path
+    (2 MiB aligned, advised MADV_HUGEPAGE): results stay right when the block grows
+    past the threshold, shrinks back and grows again."""
+    op = polyc.define(FULL)
+    rng = np.random.default_rng(2)
+    for shape in [(9, 11), (1100, 1001), (9, 11), (1201, 1100)]:  # T: 4.4 and 5.3 MB
+        X = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(op(X), _ref("FULL", X), rtol=1e-4, atol=1e-3)
+    assert "polyc_alloc(" in op.c_source
+
+
+_ALLOC_MAIN = r"""
+int main(void)
+{
+  const size_t sizes[] = {1, 100, (size_t)4 << 20, ((size_t)5 << 20) + 3, 64};
+  for (int i = 0; i < 5; i++) {
+    unsigned char *p = polyc_alloc(sizes[i]);
+    if (!p || (uintptr_t)p % 64 != 0)
+      return 1 + i;
+#ifdef POLYC_HUGE_PAGE
+    if (sizes[i] >= ((size_t)4 << 20) && (uintptr_t)p % POLYC_HUGE_PAGE != 0)
+      return 10 + i;
+#endif
+    memset(p, i, sizes[i]);
+    free(p);
+  }
+  return 0;
+}
+"""
+
+
+def test_polyc_alloc_alignment_under_the_sanitizers(tmp_path):
+    """``polyc_alloc`` alone, under AddressSanitizer and UBSan (aligned_alloc wants a
+    size that is a multiple of the alignment: both paths round up)."""
+    import shutil
+    import subprocess
+
+    from polyc.codegen.c_expr import PRELUDE
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    src = tmp_path / "alloc.c"
+    src.write_text(PRELUDE + _ALLOC_MAIN)
+    exe = tmp_path / "alloc"
+    subprocess.run(["gcc", "-std=c11", "-O1", "-fsanitize=address,undefined",
+                    "-fno-sanitize-recover=all", str(src), "-o", str(exe), "-lm",
+                    "-lpthread"], check=True, capture_output=True, timeout=120)
+    done = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120,
+                          env={"ASAN_OPTIONS": "detect_leaks=1:allocator_may_return_null=0"})
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
