@@ -88,6 +88,48 @@ def test_triangle_tiles_go_to_the_threads_in_turn(name):
     assert "schedule(static, 1)" not in mm.compiled_for({"M": 301, "K": 97, "N": 301}).c_source
 
 
+@pytest.mark.parametrize("name", ["syrk", "syr2k", "covariance"])
+@pytest.mark.parametrize("scheduler", ["isl", "pluto"])
+def test_triangle_register_tiles_its_full_tiles(name, scheduler, monkeypatch):
+    """A triangle's register tiles that the diagonal crosses hold no box of the output:
+    the full tiles alone are register tiled and the others run the plain loops
+    (``register_tile.apply_full_tiles``), exact against numpy at sizes no multiple of a
+    tile, at 1 and 2 threads. With an L2 of 64 KB the arrays are "large" and the
+    producers of the product's operands (the packing, the scaling) would fuse with it
+    along its sum, one register tile per step of the sum: the product stays apart
+    (``fuse._along_reuse``)."""
+    import re
+
+    from polyc.schedule import machine
+    monkeypatch.setenv("POLYC_L2_BYTES", "65536")
+    machine.l2_bytes.cache_clear()
+    try:
+        b = next(x for x in BENCHES if x.name == name)
+        sizes = {"N": 301, "M": 97} if name != "covariance" else {"N": 97, "M": 301}
+        inputs = [np.ascontiguousarray(x) for x in b.inputs(sizes, np.random.default_rng(6))]
+        want = b.numpy(*inputs)
+        for threads in (1, 2):
+            op = polyc.define(b.tc, threads=threads, scheduler=scheduler)
+            got = op(*inputs)
+            got = got if isinstance(got, tuple) else (got,)
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+            src = op.compiled_for({k: v for k, v in sizes.items()}).c_source
+            tiled = src.count("polyc_acc[")
+            plain = len(re.findall(r"\n\s*\w+\[[^\]]*\] \+= ", src))  # the partial tiles
+            if scheduler == "pluto" and name == "covariance":
+                continue  # (its product's band there has no register tile at all)
+            assert tiled and plain, (threads, tiled, plain)
+            # the sum runs inside the register tile: a loop around the unrolled rows'
+            # vector loops (fused along the sum, the tile held one step of it)
+            at = src.index("polyc_acc[")
+            tile = src[at:src.index("polyc_acc[i - polyc_lo0]", at)]
+            assert len(re.findall(r"for \(\w+ c\d+ = ", tile)) >= 2, threads
+    finally:
+        monkeypatch.delenv("POLYC_L2_BYTES")
+        machine.l2_bytes.cache_clear()
+
+
 def test_jacobi_steps_unrolled():
     src = jacobi_tc(3)
     assert src.count("0.2 *") == 6 and "-> (A, B)" in src

@@ -81,6 +81,9 @@ from .vector import member_iterators
 
 #: fuse at all (a switch for measurements)
 FUSE_STREAMS = True
+#: a nest that reuses what it reads may join a run along one of its sums (a switch for
+#: measurements: :func:`_along_reuse`)
+FUSE_ALONG_SUMS = False
 #: the most outer iterations a dependence between two fused nests may span (past it,
 #: what one nest leaves in the cache is gone before the next reads it)
 MAX_SPREAD = 8
@@ -158,6 +161,8 @@ def _best_run(nests: list[_Nest], start: int, validity: isl.UnionMap, kernel: Ke
         return best  # (an initialisation does not lead: the nest after it may)
     n = first.band.band_n_member() if first.band.band_get_permutable() else 1
     for lead in range(n):
+        if _along_reuse(first, lead, kernel):
+            continue
         run, choice, hoisted, j = _longest_run(nests, start, lead, validity, kernel)
         if len(run) < 2:
             continue
@@ -208,6 +213,8 @@ def _longest_run(nests: list[_Nest], start: int, lead: int, validity: isl.UnionM
         nest = nests[j]
         pairs, reached = _pairs_into(run, nest, validity, kernel)
         placed = None if pairs.is_empty() else _place(nest, outer, pairs, reached)
+        if placed is not None and _along_reuse(nest, placed[0], kernel):
+            break  # (the nests before it may still fuse)
         if placed is not None:
             member, shift, upa = placed
             run.append(nest)
@@ -369,8 +376,7 @@ def _passed_bytes(run: list[_Nest], kernel: Kernel, cache: int) -> int:
     reuse and whose parallel loops the fused loop would take). Apart, the reader finds
     the array in memory; fused, the rows just written (and with :mod:`polyc.share`, the
     storage cycles through a few rows of cache, as the Jacobi sweeps' in-place C does)."""
-    if not all(_instances(nest, kernel) <= STREAMED_READS * sum(
-            _footprint(nest, kernel, a) for a in _arrays(nest, kernel)) for nest in run):
+    if not all(_reads_once(nest, kernel) for nest in run):
         return 0
     out = 0
     for k, nest in enumerate(run):
@@ -381,6 +387,24 @@ def _passed_bytes(run: list[_Nest], kernel: Kernel, cache: int) -> int:
             item = D.itemsize(kernel.array(a).dtype)
             out += sum(_footprint(later, kernel, a) for later in run[k + 1:]) * item
     return out
+
+
+def _reads_once(nest: _Nest, kernel: Kernel) -> bool:
+    """Whether ``nest`` runs at most :data:`STREAMED_READS` instances per element it
+    reads (a stencil, an elementwise step, a matrix-vector sweep; not a convolution or a
+    matrix product, which reuse what they read)."""
+    return _instances(nest, kernel) <= STREAMED_READS * sum(
+        _footprint(nest, kernel, a) for a in _arrays(nest, kernel))
+
+
+def _along_reuse(nest: _Nest, member: int, kernel: Kernel) -> bool:
+    """Whether fusing ``nest`` along ``member`` of its band would run the sum of a nest
+    that reuses what it reads (a matrix product) outermost: its tiles, register tiles
+    above all, then hold one step of the sum each (syrk at 1200, fused along ``k`` with
+    the scaling and the packing of ``A``, its producers: 4x slower on one thread)."""
+    return (not FUSE_ALONG_SUMS and nest.band is not None
+            and not tiling.coincident_flags(nest.band)[member]
+            and not _reads_once(nest, kernel))
 
 
 def _instances(nest: _Nest, kernel: Kernel) -> int:
