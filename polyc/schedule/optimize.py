@@ -261,8 +261,10 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
     tiled = register_tile.apply(inner, reg, kernel) if reg is not None and did_tile else None
     if tiled is None and reg is not None and did_tile and vec is not None and group is None:
         split = register_tile.apply_full_tiles(inner, reg, kernel)
-        if split is not None:  # the other points: the band as it was, its vector loop
-            tiled = _mark_simd(split.child(1).child(0)).parent().parent()
+        if split is not None:
+            tiled, rest_tiled = split
+            if not rest_tiled:  # the other points: the band as it was, its vector loop
+                tiled = _mark_simd(tiled.child(1).child(0)).parent().parent()
     if tiled is not None:
         inner = tiled
     elif did_tile and skewed and POINTS_IN_PROGRAM_ORDER:

@@ -56,7 +56,7 @@ overrides them (``(MR, NR)``) or turns the pass off (``False``).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import islpy as isl
 
@@ -511,18 +511,22 @@ def apply(node: isl.ScheduleNode, p: Plan, kernel: Kernel) -> isl.ScheduleNode |
     return _finish(top, p, kernel, node.band_n_member(), tiling.coincident_flags(node))
 
 
+#: the tiles that are not full take register tiles of one row (:func:`apply_full_tiles`)
+PARTIAL_TILES_BY_ROWS = True
 #: where some register tiles' write footprints are not boxes (a triangle's diagonal),
 #: the full tiles alone are register-tiled (:func:`apply_full_tiles`)
 FULL_TILES_APART = True
 
 
 def apply_full_tiles(node: isl.ScheduleNode, p: Plan, kernel: Kernel
-                     ) -> isl.ScheduleNode | None:
+                     ) -> tuple[isl.ScheduleNode, bool] | None:
     """Where :func:`apply` fails because some tiles' footprints are not boxes (syrk's
     ``j <= i``: the tiles the diagonal crosses hold a triangle), the point band ``node``
     under a sequence of two filters: the points of the full ``MR x NR`` tiles, register
-    tiled, then the others, their band left as it was (the caller marks its vector
-    loop). The sequence node (at ``node``'s position), or None (``node`` unchanged).
+    tiled, then the others, in register tiles of one row where those are boxes (a row's
+    piece of a triangle is), else their band left as it was (the caller then marks its
+    vector loop). The sequence node (at ``node``'s position) and whether the others
+    were register tiled, or None (``node`` unchanged).
 
     Legal because every dependence among the band's points joins two points of one
     element: the band has one statement, which writes one array at an element none of
@@ -546,7 +550,13 @@ def apply_full_tiles(node: isl.ScheduleNode, p: Plan, kernel: Kernel
     filters = isl.UnionSetList.alloc(node.get_ctx(), 2).add(inside).add(rest)
     seq = node.insert_sequence(filters)
     tiled = apply(seq.child(0).child(0), p, kernel)
-    return None if tiled is None else tiled.parent().parent()
+    if tiled is None:
+        return None
+    seq = tiled.parent().parent()
+    # one row: the vector member walks the write's last index only, the rows the others
+    row = replace(p, mr=1, box=(1,) * (len(p.box) - 1) + p.box[-1:])
+    rest = apply(seq.child(1).child(0), row, kernel) if PARTIAL_TILES_BY_ROWS else None
+    return (seq, False) if rest is None else (rest.parent().parent(), True)
 
 
 def _register_tree(node: isl.ScheduleNode, p: Plan) -> isl.ScheduleNode:
