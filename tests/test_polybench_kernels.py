@@ -97,7 +97,7 @@ def test_triangle_register_tiles_its_full_tiles(name, scheduler, monkeypatch):
     tile, at 1 and 2 threads. With an L2 of 64 KB the arrays are "large" and the
     producers of the product's operands (the packing, the scaling) would fuse with it
     along its sum, one register tile per step of the sum: the product stays apart
-    (``fuse._along_reuse``)."""
+    (``fuse._along_reuse``), and the scaling of ``A`` keeps to its rows."""
     import re
 
     from polyc.schedule import machine
@@ -125,6 +125,11 @@ def test_triangle_register_tiles_its_full_tiles(name, scheduler, monkeypatch):
             at = src.index("polyc_acc[")
             tile = src[at:src.index("polyc_acc[i - polyc_lo0]", at)]
             assert len(re.findall(r"for \(\w+ c\d+ = ", tile)) >= 2, threads
+            # the scaling of A (syrk's C_rowf) writes along its rows: its loop over k is
+            # innermost, not fused outermost with the packing (``fuse._writes_down_columns``)
+            for m in re.finditer(r"const \w+ k = (c\d+);\n\s*\w+_rowf\[", src):
+                loops = re.findall(r"for \(\w+ (c\d+) = ", src[:m.start()])
+                assert loops[-1] == m.group(1), (threads, loops[-3:], m.group(1))
     finally:
         monkeypatch.delenv("POLYC_L2_BYTES")
         machine.l2_bytes.cache_clear()

@@ -77,13 +77,17 @@ from ..deps import Dependences
 from ..ir import Kernel, fixed_bytes
 from ..options import Options
 from . import cache_blocks, machine, register_tile, tiling
-from .vector import member_iterators
+from .vector import member_iterators, unit_last
 
 #: fuse at all (a switch for measurements)
 FUSE_STREAMS = True
 #: a nest that reuses what it reads may join a run along one of its sums (a switch for
 #: measurements: :func:`_along_reuse`)
 FUSE_ALONG_SUMS = False
+#: a run may be fused along a member that some nest writes down the columns of a
+#: matrix with (a switch for measurements: :func:`_writes_down_columns`; syrk's scaling
+#: of ``A`` fused with its packing along ``k`` took 10% of its time more on one thread)
+FUSE_DOWN_COLUMNS = False
 #: the most outer iterations a dependence between two fused nests may span (past it,
 #: what one nest leaves in the cache is gone before the next reads it)
 MAX_SPREAD = 8
@@ -172,6 +176,8 @@ def _best_run(nests: list[_Nest], start: int, validity: isl.UnionMap, kernel: Ke
         rows = _rows(run, choice, kernel, options, total)
         if rows is None:
             continue
+        if not FUSE_DOWN_COLUMNS and _writes_down_columns(run, choice, kernel):
+            continue
         mine = (not _walks_rows(run, choice, kernel), saved, -lead)
         if score is None or mine > score:
             best, score = (run, choice, hoisted, j, rows), mine
@@ -197,6 +203,19 @@ def _walks_rows(run: list[_Nest], choice: list[tuple[int, int]], kernel: Kernel)
                 if a.indices and it in E.free_names(a.indices[-1])[0] \
                         and (fixed_bytes(kernel, a.array) or 0) > cache:
                     return True
+    return False
+
+
+def _writes_down_columns(run: list[_Nest], choice: list[tuple[int, int]],
+                         kernel: Kernel) -> bool:
+    """Whether the fused member is, in some nest, the unit-stride iterator of the last
+    index of a write of two or more dimensions: fused, the nest's other members run
+    inside it, down the written array's columns."""
+    for nest, (member, _) in zip(run, choice):
+        for name, it in member_iterators(nest.band, member).items():
+            write = kernel.statement(name).write
+            if it is not None and len(write.indices) >= 2 and unit_last(write, it):
+                return True
     return False
 
 
