@@ -25,6 +25,7 @@ from polyc.ir import Array, Kernel
 
 from .c_family import CSource
 from .device_array import DeviceView, device_view, is_device_array
+from .initial_values import reads_initial_values
 
 #: numpy dtype of each polyc dtype (numpy's bool is one byte holding 0 or 1, like C's bool)
 NUMPY_DTYPES = {name: D.numpy_dtype(name) for name in D.ORDER}
@@ -263,6 +264,12 @@ class CompiledFunction:
         self._fn = fn
         #: call signature -> (sizes, their values in order, output shapes and dtypes)
         self._plans: dict[tuple, tuple] = {}
+        #: per output, how a call allocates it: zeroed where the kernel may read an
+        #: element before writing it or leave one unwritten (outputs start at zero),
+        #: else uninitialised (the kernel writes every element first: a 256-square
+        #: matmul no longer pays a memset of its output at each call)
+        self._fresh = [np.zeros if reads_initial_values(kernel, o) else np.empty
+                       for o in kernel.outputs]
 
     def __call__(self, inputs: Sequence[Any], sizes: Mapping[str, int] | None = None,
                  outputs: Sequence[np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
@@ -293,7 +300,8 @@ class CompiledFunction:
             arrays = [x if x.flags.c_contiguous and x.flags.aligned
                       else np.require(x, requirements=("C_CONTIGUOUS", "ALIGNED"))
                       for x in inputs]
-            outs = [np.zeros(shape, dtype=dtype) for shape, dtype in shapes]
+            outs = [fresh(shape, dtype=dtype)
+                    for fresh, (shape, dtype) in zip(self._fresh, shapes)]
         args = [values[s] for s in kernel.sizes] + [a.ctypes.data for a in arrays + outs]
         status = self._fn(*args)
         if status == 1:
@@ -311,7 +319,7 @@ class CompiledFunction:
         shapes = output_shapes(kernel, sizes)
         dtypes = [NUMPY_DTYPES[kernel.array(o).dtype] for o in kernel.outputs]
         if given is None:
-            return [np.zeros(s, dtype=t) for s, t in zip(shapes, dtypes)]
+            return [fresh(s, dtype=t) for fresh, s, t in zip(self._fresh, shapes, dtypes)]
         if len(given) != len(kernel.outputs):
             raise CallError(f"{kernel.name} has {len(kernel.outputs)} outputs, got {len(given)}")
         for i, (name, y, shape, dtype) in enumerate(zip(kernel.outputs, given, shapes, dtypes)):

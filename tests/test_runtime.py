@@ -263,3 +263,23 @@ def test_repeated_calls_keep_their_checks():
     np.testing.assert_allclose(mm(b.T.copy(), a.T.copy()), b.T @ a.T, rtol=1e-5, atol=1e-5)
     fn = mm.compiled_for({"M": 7, "K": 5, "N": 9}).function
     assert len(fn._plans) == 1  # one signature of good calls
+
+
+def test_outputs_start_at_zero_unless_every_element_is_written_first():
+    """A call allocates an output uninitialised only where the kernel writes each of its
+    elements with ``=`` before reading it (``initial_values.reads_initial_values``): a
+    matmul's ``+=!``; an output written on a part of its box starts at zero, also when
+    the call's memory is what a previous output left."""
+    import polyc
+    full = polyc.define("def f(float(N) X) -> (Y) { Y(i) = X(i) + 1.0 }")
+    part = polyc.define("def p(float(N) X) -> (Y) { Y(i) = X(i) where i in 1:N }")
+    summed = polyc.define("def s(float(N,M) X) -> (Y) { Y(i) +=! X(i,j) }")
+    x = np.full(4099, 7.0, dtype=np.float32)
+    for _ in range(5):  # freed outputs of nonzero values come back to the next call
+        np.testing.assert_array_equal(full(x), x + 1)
+        y = part(x)
+        assert y[0] == 0 and (y[1:] == 7).all()
+        np.testing.assert_array_equal(summed(x.reshape(4099, 1)), x)
+    fresh = {op.kernel.name: op.compiled_for({"N": 4099, "M": 1}).function._fresh[0]
+             for op in (full, part, summed)}
+    assert fresh == {"f": np.empty, "p": np.zeros, "s": np.empty}
