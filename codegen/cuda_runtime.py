@@ -59,14 +59,15 @@ class CudaFunction(CompiledFunction):
         self.memory = DeviceMemory(lib, function_name)
 
     def __call__(self, inputs: Sequence[Any], sizes: Mapping[str, int] | None = None,
-                 outputs: Sequence[Any] | None = None) -> tuple[Any, ...]:
+                 outputs: Sequence[Any] | None = None,
+                 signature: tuple | None = None) -> tuple[Any, ...]:
         """Host arrays: as the C target (copied to the device and back). When an input or
         a given output is a device array, the call runs on device memory with no copies
         (host inputs among them are uploaded) and returns :class:`DeviceArray` outputs
         (or the given ones, updated in place)."""
         given = list(outputs or [])
         if not any(isinstance(x, DeviceView) or is_device_array(x) for x in [*inputs, *given]):
-            return super().__call__(inputs, sizes, outputs)
+            return super().__call__(inputs, sizes, outputs, signature)
         views: list[DeviceView] = []
         try:
             return self._on_device(inputs, sizes, outputs, views)

@@ -78,7 +78,7 @@ class Operator:
         else:
             (compiled, bound), arrays = hit, inputs
             self._last = compiled
-        outs = compiled.run(arrays, bound)
+        outs = compiled.run(arrays, bound, key)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def schedule_space(self, sizes: dict[str, int] | None = None,

@@ -114,10 +114,11 @@ class Compiled:
     def deps_text(self) -> str:
         return self.scheduled.deps.dump()
 
-    def run(self, inputs: Sequence[Any], sizes: dict[str, int] | None = None) -> tuple[Any, ...]:
+    def run(self, inputs: Sequence[Any], sizes: dict[str, int] | None = None,
+            signature: tuple | None = None) -> tuple[Any, ...]:
         if self.function is None:
             raise InternalError("this kernel was generated but not built")
-        return self.function(inputs, sizes)
+        return self.function(inputs, sizes, signature=signature)
 
 
 class _Stages:
