@@ -41,11 +41,24 @@ from polyc.ir import Kernel
 LOOP_MARKS = ("parallel", "simd", "reduce", "wavefront", "cyclic")
 #: the prefix of an unroll mark, ``unroll:4`` (unroll by 4: a loop pragma)
 UNROLL = "unroll:"
+#: the prefix of the mark above a parallel loop whose threads add into their own copies
+#: of some arrays, ``private:3,5`` (positions in the kernel's arrays: written by
+#: ``polyc.schedule.fuse``): an OpenMP array reduction
+PRIVATE = "private:"
+
+
+def private_positions(kind: str) -> list[int] | None:
+    """The array positions of a ``private:`` mark's kind; None for another kind."""
+    if not kind.startswith(PRIVATE):
+        return None
+    rest = [x for x in kind[len(PRIVATE):].split(",") if x]
+    return [int(x) for x in rest] if all(x.isdigit() for x in rest) else None
 
 
 def is_loop_mark(name: str) -> bool:
     """``parallel``, ``simd``, ``reduce``, ``wavefront``, ``cyclic`` or ``unroll:<factor>``."""
-    return name in LOOP_MARKS or (name.startswith(UNROLL) and name[len(UNROLL):].isdigit())
+    return name in LOOP_MARKS or (name.startswith(UNROLL) and name[len(UNROLL):].isdigit()) \
+        or private_positions(name) is not None
 _ITERATOR = re.compile(r"polyc_c([0-9]+)")
 
 

@@ -56,7 +56,7 @@ import islpy as isl
 from polyc import dtypes as D
 from polyc import expr as E
 from polyc.errors import InternalError
-from polyc.ir import QUAD_LANES, Kernel, Statement, element_iterators, quad_dot
+from polyc.ir import QUAD_LANES, Kernel, Statement, element_iterators, fixed_bytes, quad_dot
 from polyc.options import Options
 
 from .ast import (
@@ -66,6 +66,7 @@ from .ast import (
     loop_depth,
     parse_mark,
     parse_register_mark,
+    private_positions,
     size_check,
 )
 from .c_expr import (
@@ -126,6 +127,7 @@ class CDialect:
     region_pragma: str | None = None
     #: appended to a parallel loop's pragma whose iterations go to the threads in turn
     cyclic_clause = ""
+    sum_clause = ""
     shared_loop_pragma = ""
     single_pragma = ""
     #: written before a function holding register tiles on a CPU with 512-bit vectors
@@ -148,14 +150,17 @@ class CDialect:
     iterator_prefix = ""
 
     def loop_pragmas(self, parallel: bool, simd: bool, options: Options,
-                     cyclic: bool = False) -> list[str]:
+                     cyclic: bool = False, sums: tuple[tuple[str, int], ...] = ()
+                     ) -> list[str]:
         """The pragmas to put before a loop the schedule marked parallel and/or simd
-        (``cyclic``: its iterations go to the threads in turn)."""
+        (``cyclic``: its iterations go to the threads in turn; ``sums``: the arrays,
+        C name and element count, each thread adds into a copy of)."""
         par = self.parallel_pragma if parallel and options.parallel else None
         vec = self.simd_pragma if simd and options.vectorize else None
         threads = self.threads_clause.format(options.threads) if options.threads else ""
         if cyclic:
             threads += self.cyclic_clause
+        threads += "".join(self.sum_clause.format(n, c) for n, c in sums)
         if par and vec and self.parallel_simd_pragma:
             return [self.parallel_simd_pragma + threads]
         return ([par + threads] if par else []) + ([vec] if vec else [])
@@ -169,6 +174,7 @@ class OpenMPDialect(CDialect):
     threads_clause = " num_threads({})"
     region_pragma = "omp parallel"
     cyclic_clause = " schedule(static, 1)"
+    sum_clause = " reduction(+: {}[0:{}])"
     shared_loop_pragma = "omp for"
     single_pragma = "omp single"
 
@@ -771,7 +777,7 @@ class _Walker:
             return self._wavefront(n, var, pending)
         parallel = "parallel" in kinds and not in_parallel
         pragmas = self.dialect.loop_pragmas(parallel, "simd" in kinds, self.options,
-                                            "cyclic" in kinds)
+                                            "cyclic" in kinds, self._sums(kinds))
         parallel = parallel and any("parallel" in p for p in pragmas)
         unroll = [k[len(UNROLL):] for k in kinds if k.startswith(UNROLL)]
         # gcc takes no unroll pragma beside an OpenMP one on the same loop (the schedule
@@ -794,6 +800,19 @@ class _Walker:
                         f"{self.dialect.index_type} {var} = {a}", f"{var} <= {b}",
                         f"{var} += 1", _block(body))]]
         return [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, body)]
+
+    def _sums(self, kinds: set[str]) -> tuple[tuple[str, int], ...]:
+        """The arrays a ``private:`` mark among ``kinds`` names, with their element
+        counts (an OpenMP array reduction: each thread adds into its own copy)."""
+        out = []
+        for kind in kinds:
+            for k in private_positions(kind) or ():
+                a = self.kernel.arrays[k]
+                size = fixed_bytes(self.kernel, a.name)
+                if size is None:
+                    raise InternalError(f"private array {a.name} has no fixed size")
+                out.append((self.sym.arrays[a.name], size // D.itemsize(a.dtype)))
+        return tuple(sorted(out))
 
     def _wavefront(self, n: isl.AstNode, var: str, pending: Pending) -> list[cgen.Generable]:
         """The loop over a wavefront's fronts (``n``) inside one parallel region: every

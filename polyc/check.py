@@ -21,6 +21,7 @@ from .deps import Dependences
 from .errors import CompileError, ScheduleError
 from .ir import Access, Kernel, access_relation, params_prefix
 from .schedule import register_tile
+from .schedule.fuse import private_arrays
 from .schedule.vector import REDUCE, reduce_mark_problem
 
 
@@ -124,7 +125,16 @@ def _check_marks(deps: Dependences, schedule: isl.Schedule, kernel: Kernel) -> N
         name = node.mark_get_id().get_name()
         band = node.child(0)
         if name in ("parallel", "simd") and band.get_type() == isl.schedule_node_type.band:
-            if not _member_is_parallel(band, coincidence):
+            deps = coincidence
+            above = node.parent() if node.has_parent() else None
+            private = None if above is None or above.get_type() != isl.schedule_node_type.mark \
+                else private_arrays(above.mark_get_id().get_name(), kernel)
+            if name == "parallel" and private:
+                why, deps = _privatized(band, kernel, private, coincidence)
+                if why is not None:
+                    problems.append(f"the arrays {', '.join(private)} of the loop marked "
+                                    f"{name!r} cannot have a copy per thread: {why}")
+            if not _member_is_parallel(band, deps):
                 problems.append(f"the loop marked {name!r} carries a dependence")
         elif name == REDUCE and band.get_type() == isl.schedule_node_type.band:
             why = reduce_mark_problem(band, kernel)
@@ -136,6 +146,39 @@ def _check_marks(deps: Dependences, schedule: isl.Schedule, kernel: Kernel) -> N
                 problems.append(f"the mark {name!r} is unsafe: {why}")
     if problems:
         raise ScheduleError("; ".join(problems))
+
+
+def _privatized(band: isl.ScheduleNode, kernel: Kernel, private: tuple[str, ...],
+                coincidence: isl.UnionMap) -> tuple[str | None, isl.UnionMap]:
+    """Why the loop of ``band`` may not give each thread a copy of the ``private``
+    arrays (``fuse._private``: the copies are summed at the end), or None, and the
+    dependences it must still respect: those of the statements that add into a private
+    array go, as the copies keep them; only those statements may touch the arrays below
+    the band, each reading its array only at the element it adds to."""
+    names = set()
+    dom = band.get_domain()
+    dom.foreach_set(lambda x: names.add(x.get_tuple_name()))
+    adders = set()
+    for name in names:
+        st = kernel.statement(name)
+        touches = {st.write.array} | {r.array for r in st.reads}
+        if st.write.array in private:
+            if st.op != "+" or not st.write.is_affine:
+                return f"{name} does not add into {st.write.array}", coincidence
+            if any(r.array == st.write.array and tuple(r.indices) != tuple(st.write.indices)
+                   for r in E.reads(st.value)):
+                return f"{name} reads {st.write.array} elsewhere than it adds", coincidence
+            adders.add(name)
+        elif touches & set(private):
+            return f"{name} touches {sorted(touches & set(private))}", coincidence
+    kept = isl.UnionMap.empty(coincidence.get_space())
+    maps: list[isl.Map] = []
+    coincidence.foreach_map(maps.append)
+    for m in maps:
+        if not (m.get_tuple_name(isl.dim_type.in_) in adders
+                and m.get_tuple_name(isl.dim_type.out) == m.get_tuple_name(isl.dim_type.in_)):
+            kept = kept.union(isl.UnionMap.from_map(m))
+    return None, kept
 
 
 def iter_nodes(node: isl.ScheduleNode):  # type: ignore[no-untyped-def]

@@ -55,7 +55,7 @@ def _big(rows: int, itemsize: int) -> int:
 
 @pytest.mark.parametrize("scheduler", ["isl", "pluto"])
 @pytest.mark.parametrize("src,dtype", [(ATAX, np.float64), (ATAX_F32, np.float32)])
-def test_atax_fuses_its_two_sweeps_at_one_thread(src, dtype, scheduler):
+def test_atax_fuses_its_two_sweeps(src, dtype, scheduler):
     m = 301
     n = _big(m, np.dtype(dtype).itemsize)
     rng = np.random.default_rng(3)
@@ -67,9 +67,14 @@ def test_atax_fuses_its_two_sweeps_at_one_thread(src, dtype, scheduler):
         got = op(A, x)
         tol = 1e-10 if dtype == np.float64 else 2e-3
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
-        fused = fused_bands(op.compiled_for({"M": m, "N": n}).schedule)
+        compiled = op.compiled_for({"M": m, "N": n})
+        fused = fused_bands(compiled.schedule)
+        summed = "reduction(+:" in compiled.c_source
         if threads == 1:
-            assert fused, "the two sweeps over A share one outer loop"
+            assert fused and not summed, "the two sweeps over A share one outer loop"
+        elif n * np.dtype(dtype).itemsize <= fuse.PRIVATE_MAX_BYTES:
+            # fused too, the loop parallel: each thread sums y over its rows of A
+            assert fused and summed
         else:  # two threads over the separate sweeps read A faster than one fused
             assert not fused
 
@@ -135,6 +140,62 @@ def test_independent_sweeps_fuse_along_the_rows(scheduler):
     np.testing.assert_allclose(x1, A @ y1, rtol=1e-10, atol=1e-9)
     np.testing.assert_allclose(x2, A.T @ y2, rtol=1e-10, atol=1e-9)
     assert fused_bands(op.compiled_for({"N": k}).schedule)
+
+
+def _private_marks(schedule: isl.Schedule) -> list[isl.ScheduleNode]:
+    from polyc.check import iter_nodes
+    return [n for n in iter_nodes(schedule.get_root())
+            if n.get_type() == isl.schedule_node_type.mark
+            and n.mark_get_id().get_name().startswith(fuse.PRIVATE)]
+
+
+@pytest.mark.parametrize("scheduler", ["isl", "pluto"])
+@pytest.mark.parametrize("name", ["ATAX", "BICG", "MVT"])
+def test_sums_the_fused_loop_carries_get_a_copy_per_thread(tiny_l2, name, scheduler):
+    """At two threads the fused loop runs in parallel, each thread adding into its own
+    copy of the vector the fused rows of ``A`` sum into (an OpenMP array reduction);
+    at one thread it runs alone, no copies; the same results as numpy either way, at
+    odd sizes."""
+    src = globals()[name]
+    rng = np.random.default_rng(13)
+    m, n = 301, 299  # (enough work for a parallel loop)
+    A = rng.standard_normal((m, n) if name != "MVT" else (m, m))
+    args = {"ATAX": (A, rng.standard_normal(n)),
+            "BICG": (A, rng.standard_normal(n), rng.standard_normal(m)),
+            "MVT": (rng.standard_normal(m), rng.standard_normal(m), A)}[name]
+    want = {"ATAX": lambda A, x: (A.T @ (A @ x),),
+            "BICG": lambda A, p, r: (A.T @ r, A @ p),
+            "MVT": lambda y1, y2, A: (A @ y1, A.T @ y2)}[name](*args)
+    sizes = {"ATAX": {"M": m, "N": n}, "BICG": {"N": m, "M": n}, "MVT": {"N": m}}[name]
+    for threads in (1, 2):
+        op = polyc.define(src, options=polyc.Options(threads=threads, scheduler=scheduler))
+        got = op(*args)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want):
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+        compiled = op.compiled_for(sizes)
+        assert fused_bands(compiled.schedule)
+        assert ("reduction(+:" in compiled.c_source) is (threads == 2)
+        assert bool(_private_marks(compiled.schedule)) is (threads == 2)
+
+
+def test_private_marks_are_checked(tiny_l2):
+    """The checks refuse a parallel loop whose ``private:`` mark names an array another
+    statement of the loop reads (or none where the loop carries a sum)."""
+    from polyc.check import check_schedule
+    op = polyc.define(MVT, options=polyc.Options(threads=2))
+    rng = np.random.default_rng(14)
+    op(rng.standard_normal(301), rng.standard_normal(301), rng.standard_normal((301, 301)))
+    scheduled = op.compiled_for({"N": 301}).scheduled
+    kernel, deps = scheduled.kernel, scheduled.deps
+    [mark] = _private_marks(scheduled.schedule)
+    check_schedule(kernel, deps, scheduled.schedule)  # as compiled: fine
+    names = [a.name for a in kernel.arrays]
+    for other, why in (("A", "touches"), ("y1", "touches"), ("", "carries a dependence")):
+        bad = fuse.private_mark((other,), kernel) if other else fuse.PRIVATE
+        edited = mark.delete().insert_mark(isl.Id(bad)).get_schedule()
+        with pytest.raises(polyc.ScheduleError, match=why):
+            check_schedule(kernel, deps, edited)
+    assert "x2" in names
 
 
 def test_small_arrays_are_not_fused():

@@ -131,17 +131,21 @@ def fuse_streams(schedule: isl.Schedule, kernel: Kernel, deps: Dependences,
     validity = deps.validity
     order: list[list[_Nest] | _Nest] = []
     #: index in ``order`` -> (member, shift) of each nest, rows of a fused iteration,
-    #: and where the columns are fused too, their (member, shift) and columns
-    fused: dict[int, tuple[list[tuple[int, int]], int, _Columns | None]] = {}
+    #: where the columns are fused too, their (member, shift) and columns, and the
+    #: arrays whose sums the fused loop carries, privatized when it runs in parallel
+    #: (None: it cannot)
+    fused: dict[int, tuple[list[tuple[int, int]], int, _Columns | None,
+                           tuple[str, ...] | None]] = {}
     i = 0
     while i < len(nests):
-        run, choice, hoisted, j, rows = _best_run(nests, i, validity, kernel, options)
+        run, choice, hoisted, j, rows, private = _best_run(nests, i, validity, kernel, options,
+                                                           deps.coincidence)
         if rows is not None:
             order.extend(hoisted)
             columns = _columns(run, choice, rows, validity, kernel, options)
             if columns is not None:
-                rows = columns.rows
-            fused[len(order)] = (choice, rows, columns)
+                rows, private = columns.rows, None
+            fused[len(order)] = (choice, rows, columns, private)
             order.append(run)
             i = j
         else:
@@ -149,18 +153,18 @@ def fuse_streams(schedule: isl.Schedule, kernel: Kernel, deps: Dependences,
             i += 1
     if not fused:
         return schedule
-    return _rebuild(schedule, order, fused)
+    return _rebuild(schedule, kernel, order, fused)
 
 
 def _best_run(nests: list[_Nest], start: int, validity: isl.UnionMap, kernel: Kernel,
-              options: Options):
+              options: Options, coincidence: isl.UnionMap):
     """Of the runs from ``start`` (one per member of its band that could lead), the one
     worth fusing that saves the most bytes, preferring a fused member that walks no
     read's contiguous index (its nests then stream whole rows): the run, its (member,
     shift) per nest, the nests moved before it, the index after it and its rows (None:
     no run worth fusing)."""
     first = nests[start]
-    best, score = ([first], [], [], start + 1, None), None
+    best, score = ([first], [], [], start + 1, None, None), None
     if first.band is None or not _streams(first, kernel):
         return best  # (an initialisation does not lead: the nest after it may)
     n = first.band.band_n_member() if first.band.band_get_permutable() else 1
@@ -171,7 +175,8 @@ def _best_run(nests: list[_Nest], start: int, validity: isl.UnionMap, kernel: Ke
         if len(run) < 2:
             continue
         total, saved = saved_bytes(run, kernel)
-        if not _worth_it(total, saved, options):
+        private = _private(run, choice, coincidence, kernel)
+        if not _worth_it(total, saved, options, private is not None):
             continue
         rows = _rows(run, choice, kernel, options, total)
         if rows is None:
@@ -180,7 +185,7 @@ def _best_run(nests: list[_Nest], start: int, validity: isl.UnionMap, kernel: Ke
             continue
         mine = (not _walks_rows(run, choice, kernel), saved, -lead)
         if score is None or mine > score:
-            best, score = (run, choice, hoisted, j, rows), mine
+            best, score = (run, choice, hoisted, j, rows, private), mine
     return best
 
 
@@ -442,14 +447,88 @@ def _instances(nest: _Nest, kernel: Kernel) -> int:
     return n
 
 
-def _worth_it(total: int, saved: int, options: Options) -> bool:
+def _worth_it(total: int, saved: int, options: Options, parallel: bool = False) -> bool:
     """Whether a run that reads ``total`` bytes of arrays it does not write, ``saved``
     of them again where they do not fit in the cache, reads them more than once by more
-    bytes than the threads the fused loop gives up would make up for."""
+    bytes than the threads the fused loop gives up would make up for (none when it runs
+    in ``parallel``: :func:`_private`)."""
     if saved == 0:
         return False
-    threads = machine.threads(options.threads) if options.parallel else 1
+    threads = machine.threads(options.threads) if options.parallel and not parallel else 1
     return total > threads * (total - saved)
+
+
+#: the fused loop may run in parallel with the sums it carries privatized (a switch
+#: for measurements: :func:`_private`)
+PRIVATE_SUMS = True
+#: the largest array whose sums a fused loop privatizes (OpenMP gives each thread a
+#: copy, on its stack)
+PRIVATE_MAX_BYTES = 64 << 10
+
+
+def _private(run: list[_Nest], choice: list[tuple[int, int]], coincidence: isl.UnionMap,
+             kernel: Kernel) -> tuple[str, ...] | None:
+    """The arrays whose sums the fused loop of ``run`` carries, when privatizing them
+    (each thread adds into a copy, the copies added at the end: OpenMP's array
+    reduction) leaves it no other dependence, so that it may run in parallel: every
+    dependence between two fused iterations joins two instances of one statement that
+    adds (``+=``) into an array of at most :data:`PRIVATE_MAX_BYTES`, reading it only at
+    the element it writes, an array no other statement of the run touches. None where
+    some other dependence crosses fused iterations. (mvt, atax, bicg: their
+    ``A``-transposed product's vector, summed along the fused rows of ``A``; with the
+    copies the fused loop, which reads ``A`` once, is also a parallel one.)"""
+    if not PRIVATE_SUMS:
+        return None
+    dom = _union(n.filter for n in run)
+    outer = None
+    for nest, (member, shift) in zip(run, choice):
+        f = _shifted(_member(nest.band, member), shift)
+        outer = f if outer is None else outer.union_add(f)
+    on = isl.UnionMap.from_union_pw_aff(outer)
+    carried = coincidence.intersect_domain(dom).intersect_range(dom).subtract(
+        on.apply_range(on.reverse())).intersect_params(kernel.context)
+    maps: list[isl.Map] = []
+    carried.foreach_map(maps.append)
+    names = {m.get_tuple_name(isl.dim_type.in_) for m in maps if not m.is_empty()}
+    if any(m.get_tuple_name(isl.dim_type.in_) != m.get_tuple_name(isl.dim_type.out)
+           for m in maps if not m.is_empty()):
+        return None
+    arrays = []
+    for name in sorted(names):
+        s = kernel.statement(name)
+        a = s.write.array
+        size = fixed_bytes(kernel, a)
+        if s.op != "+" or not s.write.is_affine or size is None or size > PRIVATE_MAX_BYTES:
+            return None
+        if any(r.array == a and tuple(r.indices) != tuple(s.write.indices)
+               for r in E.reads(s.value)):
+            return None
+        others = [kernel.statement(n) for nest in run for n in nest.names if n != name]
+        if any(o.write.array == a or any(r.array == a for r in o.reads) for o in others):
+            return None
+        arrays.append(a)
+    return tuple(sorted(set(arrays)))
+
+
+#: the mark above a fused loop that may run in parallel once the arrays it names have a
+#: copy per thread: ``private:3,5``, positions in the kernel's arrays (a model's names may
+#: hold any character); ``private:`` alone: none needed
+PRIVATE = "private:"
+
+
+def private_mark(arrays: tuple[str, ...], kernel: Kernel) -> str:
+    names = [a.name for a in kernel.arrays]
+    return PRIVATE + ",".join(str(names.index(a)) for a in arrays)
+
+
+def private_arrays(mark: str, kernel: Kernel) -> tuple[str, ...] | None:
+    """The arrays of a ``private:`` mark's name; None for another mark."""
+    if not mark.startswith(PRIVATE):
+        return None
+    rest = mark[len(PRIVATE):].partition("@")[0]  # (code generation tags it "@depth")
+    if not all(x.isdigit() for x in rest.split(",") if rest):
+        return None
+    return tuple(kernel.arrays[int(x)].name for x in rest.split(",")) if rest else ()
 
 
 def _fused_field(mark: str, k: int) -> int | None:
@@ -587,9 +666,9 @@ def _column_tile(run: list[_Nest], choice: list[tuple[int, int]],
     return _Columns(columns, max(1, rows), cols)
 
 
-def _rebuild(schedule: isl.Schedule, order: list,
-             fused: dict[int, tuple[list[tuple[int, int]], int, _Columns | None]]
-             ) -> isl.Schedule:
+def _rebuild(schedule: isl.Schedule, kernel: Kernel, order: list,
+             fused: dict[int, tuple[list[tuple[int, int]], int, _Columns | None,
+                                    tuple[str, ...] | None]]) -> isl.Schedule:
     ctx = schedule.get_ctx()
     filters = isl.UnionSetList.alloc(ctx, len(order))
     for part in order:
@@ -602,7 +681,7 @@ def _rebuild(schedule: isl.Schedule, order: list,
             filters = filters.add(part.filter)
     top = schedule.get_root().child(0).insert_sequence(filters)
     for pos in sorted(fused, reverse=True):
-        run, (choice, rows, columns) = order[pos], fused[pos]
+        run, (choice, rows, columns, private) = order[pos], fused[pos]
         node = top.child(pos).child(0)  # the run's sequence of nests
         outer = across = None
         for k, (nest, (member, shift)) in enumerate(zip(run, choice)):
@@ -619,8 +698,10 @@ def _rebuild(schedule: isl.Schedule, order: list,
             node = _fused_first(band, member).parent().parent()
         if columns is None:
             mupa = isl.MultiUnionPwAff.from_union_pw_aff(outer)
-            node = node.insert_partial_schedule(mupa)  # (not coincident: never parallel)
-            node = node.insert_mark(isl.Id(f"{FUSED}:{rows}"))
+            node = node.insert_partial_schedule(mupa)  # (not coincident: parallel only
+            node = node.insert_mark(isl.Id(f"{FUSED}:{rows}"))  # with its sums private)
+            if private is not None:
+                node = node.insert_mark(isl.Id(private_mark(private, kernel)))
         else:  # (permutable: optimize runs its tiles as a wavefront)
             node = node.insert_partial_schedule(tiling.multi_union_pw_aff([outer, across]))
             node = node.band_set_permutable(1)
