@@ -6,7 +6,9 @@
   wrote them (the ONNX Gather lowering clamps its indices).
 * :func:`check_schedule`: a schedule covers each statement instance, respects every
   validity dependence (legality), each ``parallel``/``simd`` mark sits on a loop
-  that carries no coincidence dependence, and each ``register`` mark (an accumulator
+  that carries no coincidence dependence (but those of the sums a ``private:`` mark
+  above a parallel loop gives each thread a copy for, :func:`_privatized`), and each
+  ``register`` mark (an accumulator
   promoted to a local array, :mod:`polyc.schedule.register_tile`) is safe.
 
 They raise :class:`ScheduleError` / :class:`CompileError` for problems a user can
