@@ -32,6 +32,11 @@ accesses to it all go through the written element, and the write footprint of on
 register tile is exactly a box (so the copy-out never writes an element it did not
 compute).
 
+Where some tiles' write footprints are not boxes (a triangle, syrk's ``j <= i``: the
+tiles its diagonal crosses), :func:`apply_full_tiles` puts the band under a sequence:
+the full tiles, register tiled as above, then the others in register tiles of one row
+(a row's piece of a triangle is a box).
+
 A sum whose reduction walks the contiguous index of every operand
 (``C(m,n) +=! A(m,k) * B(n,k)``, a convolution over im2col patches, a matrix-vector
 product) takes the dot-product form instead (:func:`plan_dot`): the reduction runs
