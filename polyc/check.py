@@ -23,7 +23,7 @@ from .deps import Dependences
 from .errors import CompileError, ScheduleError
 from .ir import Access, Kernel, access_relation, params_prefix
 from .schedule import register_tile
-from .schedule.fuse import private_arrays
+from .schedule.fuse import PRIVATE_DTYPES, private_arrays
 from .schedule.vector import REDUCE, reduce_mark_problem
 
 
@@ -167,6 +167,9 @@ def _privatized(band: isl.ScheduleNode, kernel: Kernel, private: tuple[str, ...]
         if st.write.array in private:
             if st.op != "+" or not st.write.is_affine:
                 return f"{name} does not add into {st.write.array}", coincidence
+            if kernel.array(st.write.array).dtype not in PRIVATE_DTYPES:
+                return (f"{st.write.array} is {kernel.array(st.write.array).dtype}, whose C "
+                        "type does not add as its sums do"), coincidence
             if any(r.array == st.write.array and tuple(r.indices) != tuple(st.write.indices)
                    for r in E.reads(st.value)):
                 return f"{name} reads {st.write.array} elsewhere than it adds", coincidence

@@ -178,6 +178,25 @@ def test_sums_the_fused_loop_carries_get_a_copy_per_thread(tiny_l2, name, schedu
         assert bool(_private_marks(compiled.schedule)) is (threads == 2)
 
 
+def test_float16_sums_are_privatized_in_their_float_accumulators(tiny_l2):
+    """float16 arrays are stored as their bits: a copy per thread is made only of an
+    array whose C type adds as its sums do (here bicg's float32 accumulators)."""
+    import re
+    src = BICG.replace("double", "float16")
+    rng = np.random.default_rng(15)
+    A = rng.standard_normal((301, 299)).astype(np.float16)
+    p, r = rng.standard_normal(299).astype(np.float16), rng.standard_normal(301).astype(np.float16)
+    op = polyc.define(src, options=polyc.Options(threads=2))
+    s, q = op(A, p, r)
+    A64, p64, r64 = (x.astype(np.float64) for x in (A, p, r))
+    np.testing.assert_allclose(s.astype(np.float64), A64.T @ r64, rtol=0.02, atol=0.1)
+    np.testing.assert_allclose(q.astype(np.float64), A64 @ p64, rtol=0.02, atol=0.1)
+    compiled = op.compiled_for({"N": 301, "M": 299})
+    private = re.findall(r"reduction\(\+: (\w+)\[", compiled.c_source)
+    dtypes = {a.name: a.dtype for a in compiled.scheduled.kernel.arrays}
+    assert private and all(dtypes[n] in fuse.PRIVATE_DTYPES for n in private), private
+
+
 def test_private_marks_are_checked(tiny_l2):
     """The checks refuse a parallel loop whose ``private:`` mark names an array another
     statement of the loop reads (or none where the loop carries a sum)."""

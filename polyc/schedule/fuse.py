@@ -471,6 +471,9 @@ PRIVATE_SUMS = True
 #: the largest array whose sums a fused loop privatizes (OpenMP gives each thread a
 #: copy, on its stack)
 PRIVATE_MAX_BYTES = 64 << 10
+#: the element types whose C type adds as the statement does (not float16, whose
+#: storage is its bits in a uint16_t)
+PRIVATE_DTYPES = ("float32", "float64", "int32", "int64")
 
 
 def _private(run: list[_Nest], choice: list[tuple[int, int]], coincidence: isl.UnionMap,
@@ -505,7 +508,8 @@ def _private(run: list[_Nest], choice: list[tuple[int, int]], coincidence: isl.U
         s = kernel.statement(name)
         a = s.write.array
         size = fixed_bytes(kernel, a)
-        if s.op != "+" or not s.write.is_affine or size is None or size > PRIVATE_MAX_BYTES:
+        if s.op != "+" or not s.write.is_affine or size is None or size > PRIVATE_MAX_BYTES \
+                or kernel.array(a).dtype not in PRIVATE_DTYPES:
             return None
         if any(r.array == a and tuple(r.indices) != tuple(s.write.indices)
                for r in E.reads(s.value)):
