@@ -744,7 +744,7 @@ def _libmvec_declarations() -> list[str]:
 
 
 #: blocks of at least this many bytes get transparent huge pages asked for
-#: (:func:`_alloc_helper`); 0: never
+#: (:func:`_alloc_helper`)
 HUGE_PAGE_MIN_BYTES = 4 << 20
 
 
@@ -761,7 +761,7 @@ def _alloc_helper(huge_pages: bool) -> list[str]:
     has transparent huge pages off, the pages stay small."""
     lines = ["/* a 64-byte aligned block of bytes (rounded up to 64); a big one on 2 MiB",
              "   boundaries with transparent huge pages asked for (fewer TLB misses) */"]
-    if huge_pages and HUGE_PAGE_MIN_BYTES:
+    if huge_pages:
         lines += [
             "#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))",
             "extern int madvise(void *, size_t, int);",

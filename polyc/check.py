@@ -23,7 +23,7 @@ from .deps import Dependences
 from .errors import CompileError, ScheduleError
 from .ir import Access, Kernel, access_relation, params_prefix
 from .schedule import register_tile
-from .schedule.fuse import PRIVATE_DTYPES, private_arrays
+from .schedule.fuse import private_arrays, private_problem
 from .schedule.vector import REDUCE, reduce_mark_problem
 
 
@@ -153,29 +153,15 @@ def _check_marks(deps: Dependences, schedule: isl.Schedule, kernel: Kernel) -> N
 def _privatized(band: isl.ScheduleNode, kernel: Kernel, private: tuple[str, ...],
                 coincidence: isl.UnionMap) -> tuple[str | None, isl.UnionMap]:
     """Why the loop of ``band`` may not give each thread a copy of the ``private``
-    arrays (``fuse._private``: the copies are summed at the end), or None, and the
-    dependences it must still respect: those of the statements that add into a private
-    array go, as the copies keep them; only those statements may touch the arrays below
-    the band, each reading its array only at the element it adds to."""
-    names = set()
-    dom = band.get_domain()
-    dom.foreach_set(lambda x: names.add(x.get_tuple_name()))
-    adders = set()
-    for name in names:
-        st = kernel.statement(name)
-        touches = {st.write.array} | {r.array for r in st.reads}
-        if st.write.array in private:
-            if st.op != "+" or not st.write.is_affine:
-                return f"{name} does not add into {st.write.array}", coincidence
-            if kernel.array(st.write.array).dtype not in PRIVATE_DTYPES:
-                return (f"{st.write.array} is {kernel.array(st.write.array).dtype}, whose C "
-                        "type does not add as its sums do"), coincidence
-            if any(r.array == st.write.array and tuple(r.indices) != tuple(st.write.indices)
-                   for r in E.reads(st.value)):
-                return f"{name} reads {st.write.array} elsewhere than it adds", coincidence
-            adders.add(name)
-        elif touches & set(private):
-            return f"{name} touches {sorted(touches & set(private))}", coincidence
+    arrays (:func:`.schedule.fuse.private_problem`), or None, and the dependences it
+    must still respect: those of the statements that add into a private array go, as
+    the copies keep them."""
+    names: set[str] = set()
+    band.get_domain().foreach_set(lambda x: names.add(x.get_tuple_name()))
+    why = private_problem(kernel, names, private)
+    if why is not None:
+        return why, coincidence
+    adders = {n for n in names if kernel.statement(n).write.array in private}
     kept = isl.UnionMap.empty(coincidence.get_space())
     maps: list[isl.Map] = []
     coincidence.foreach_map(maps.append)

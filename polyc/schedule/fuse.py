@@ -173,22 +173,23 @@ def _best_run(nests: list[_Nest], start: int, validity: isl.UnionMap, kernel: Ke
     if first.band is None or not _streams(first, kernel):
         return best  # (an initialisation does not lead: the nest after it may)
     n = first.band.band_n_member() if first.band.band_get_permutable() else 1
+    threads = machine.threads(options.threads) if options.parallel else 1
     for lead in range(n):
         if _along_reuse(first, lead, kernel):
             continue
         run, choice, hoisted, j = _longest_run(nests, start, lead, validity, kernel)
-        if len(run) < 2:
+        if len(run) < 2 or (not FUSE_DOWN_COLUMNS and _writes_down_columns(run, choice, kernel)):
             continue
         total, saved = saved_bytes(run, kernel)
-        # (a fused loop that carries nothing stays as before: its tiles' work may be
-        # unequal, syr2k's panels of a triangle 1.3x slower than its row tiles in turn)
-        private = _private(run, choice, coincidence, kernel) or None
+        # (only where a parallel loop could use them; a fused loop that carries nothing
+        # stays as before: its tiles' work may be unequal, syr2k's panels of a triangle
+        # 1.3x slower than its row tiles in turn)
+        private = _private(run, choice, coincidence, kernel) or None \
+            if saved and threads > 1 else None
         if not _worth_it(total, saved, options, private is not None):
             continue
         rows = _rows(run, choice, kernel, options, total)
         if rows is None:
-            continue
-        if not FUSE_DOWN_COLUMNS and _writes_down_columns(run, choice, kernel):
             continue
         mine = (not _walks_rows(run, choice, kernel), saved, -lead)
         if score is None or mine > score:
@@ -503,22 +504,37 @@ def _private(run: list[_Nest], choice: list[tuple[int, int]], coincidence: isl.U
     if any(m.get_tuple_name(isl.dim_type.in_) != m.get_tuple_name(isl.dim_type.out)
            for m in maps if not m.is_empty()):
         return None
-    arrays = []
+    arrays = tuple(sorted({kernel.statement(n).write.array for n in names}))
+    inside = {n for nest in run for n in nest.names}
+    return arrays if private_problem(kernel, inside, arrays) is None else None
+
+
+def private_problem(kernel: Kernel, names: set[str], private: tuple[str, ...]) -> str | None:
+    """Why a parallel loop over the statements ``names`` may not give each thread a
+    copy of the ``private`` arrays, or None: each is written by one statement, which adds
+    (``+=``) into it, reading it only at the element it adds to; none is touched by
+    another statement; each has a fixed size of at most :data:`PRIVATE_MAX_BYTES` and a
+    type of :data:`PRIVATE_DTYPES`. (:func:`_private` and :mod:`polyc.check` alike.)"""
+    writers = [kernel.statement(n).write.array for n in names]
+    if any(writers.count(a) > 1 for a in private):
+        return f"more than one statement writes {[a for a in private if writers.count(a) > 1]}"
     for name in sorted(names):
-        s = kernel.statement(name)
-        a = s.write.array
-        size = fixed_bytes(kernel, a)
-        if s.op != "+" or not s.write.is_affine or size is None or size > PRIVATE_MAX_BYTES \
-                or kernel.array(a).dtype not in PRIVATE_DTYPES:
-            return None
-        if any(r.array == a and tuple(r.indices) != tuple(s.write.indices)
-               for r in E.reads(s.value)):
-            return None
-        others = [kernel.statement(n) for nest in run for n in nest.names if n != name]
-        if any(o.write.array == a or any(r.array == a for r in o.reads) for o in others):
-            return None
-        arrays.append(a)
-    return tuple(sorted(set(arrays)))
+        st = kernel.statement(name)
+        if st.write.array in private:
+            if st.op != "+" or not st.write.is_affine:
+                return f"{name} does not add into {st.write.array}"
+            if any(r.array == st.write.array and tuple(r.indices) != tuple(st.write.indices)
+                   for r in E.reads(st.value)):
+                return f"{name} reads {st.write.array} elsewhere than it adds"
+        elif any(r.array in private for r in st.reads):
+            return f"{name} touches {sorted({r.array for r in st.reads} & set(private))}"
+    for a in private:
+        size, dtype = fixed_bytes(kernel, a), kernel.array(a).dtype
+        if size is None or size > PRIVATE_MAX_BYTES:
+            return f"{a} has no fixed size of at most {PRIVATE_MAX_BYTES} bytes"
+        if dtype not in PRIVATE_DTYPES:
+            return f"{a} is {dtype}, whose C type does not add as its sums do"
+    return None
 
 
 #: the mark above a fused loop that may run in parallel once the arrays it names have a
