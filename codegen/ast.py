@@ -34,6 +34,7 @@ import islpy as isl
 
 from polyc.errors import InternalError
 from polyc.ir import Kernel
+from polyc.marks import private_positions, register_mark
 
 #: mark ids that carry a decision of the scheduler into the AST (``wavefront``: the loop
 #: over a wavefront's fronts, whose parallel loop inside shares one parallel region;
@@ -41,20 +42,6 @@ from polyc.ir import Kernel
 LOOP_MARKS = ("parallel", "simd", "reduce", "wavefront", "cyclic")
 #: the prefix of an unroll mark, ``unroll:4`` (unroll by 4: a loop pragma)
 UNROLL = "unroll:"
-#: the prefix of the mark above a parallel loop whose threads add into their own copies
-#: of some arrays, ``private:3,5`` (positions in the kernel's arrays: written by
-#: ``polyc.schedule.fuse``): an OpenMP array reduction
-PRIVATE = "private:"
-
-
-def private_positions(kind: str) -> list[int] | None:
-    """The array positions of a ``private:`` mark's kind; None for another kind."""
-    if not kind.startswith(PRIVATE):
-        return None
-    rest = [x for x in kind[len(PRIVATE):].split(",") if x]
-    return [int(x) for x in rest] if all(x.isdigit() for x in rest) else None
-
-
 def is_loop_mark(name: str) -> bool:
     """``parallel``, ``simd``, ``reduce``, ``wavefront``, ``cyclic`` or ``unroll:<factor>``."""
     return name in LOOP_MARKS or (name.startswith(UNROLL) and name[len(UNROLL):].isdigit()) \
@@ -85,24 +72,6 @@ class Promotion:
     quad: bool = False
 
 
-def parse_register_mark(name: str) -> tuple[str, tuple[int, ...], int, str, str, bool] | None:
-    """``("S1", (8, 64), 512, "", "")`` for the mark ``"register:S1:8,64:512"``,
-    ``("S1", (8, 64), 512, "S0", "")`` for ``"register:S1:8,64:512:S0"`` (the accumulator
-    starts from the constant of the initialisation ``S0``), and ``(..., "S0", "S2")`` for
-    ``"register:S1:8,64:512:S0:S2"`` (the copy-out runs ``S2`` on the accumulator); else
-    None. The last item: the bits end in ``q`` (``"512q"``), a byte dot product."""
-    parts = name.split(":")
-    if len(parts) not in (4, 5, 6) or parts[0] != "register":
-        return None
-    bits = parts[3]
-    quad = bits.endswith("q")
-    try:
-        return (parts[1], tuple(int(s) for s in parts[2].split(",")), int(bits.rstrip("q")),
-                parts[4] if len(parts) >= 5 else "", parts[5] if len(parts) == 6 else "", quad)
-    except ValueError:
-        return None
-
-
 def build_ast(kernel: Kernel, schedule: isl.Schedule,
               promotions: dict[str, Promotion] | None = None) -> isl.AstNode:
     """The isl AST of ``schedule``, with depth-named iterators and depth-tagged marks.
@@ -120,11 +89,12 @@ def build_ast(kernel: Kernel, schedule: isl.Schedule,
     def after_mark(node: isl.AstNode, at: isl.AstBuild) -> isl.AstNode:
         # an exception raised inside an isl callback crashes the process: collect it
         try:
-            parsed = parse_register_mark(node.mark_get_id().get_name())
-            if parsed is None:
+            m = register_mark(node.mark_get_id().get_name())
+            if m is None:
                 return node
             key = f"polyc_promotion{len(promotions)}"
-            promotions[key] = _promotion(kernel, *parsed, at)
+            promotions[key] = _promotion(kernel, m.stmt, m.box, m.bits, m.init, m.epilogue,
+                                         m.quad, at)
             return node.set_annotation(isl.Id(key, context=ctx))
         except BaseException as e:  # noqa: BLE001 -- re-raised after isl returns
             errors.append(e)

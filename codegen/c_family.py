@@ -57,6 +57,7 @@ from polyc import dtypes as D
 from polyc import expr as E
 from polyc.errors import InternalError
 from polyc.ir import QUAD_LANES, Kernel, Statement, element_iterators, fixed_bytes, quad_dot
+from polyc.marks import private_positions, register_mark
 from polyc.options import Options
 
 from .ast import (
@@ -65,8 +66,6 @@ from .ast import (
     build_ast,
     loop_depth,
     parse_mark,
-    parse_register_mark,
-    private_positions,
     size_check,
 )
 from .c_expr import (
@@ -290,7 +289,7 @@ class _Walker:
             return [cgen.If(self._isl(n.if_get_cond()).text, then, other)]
         if t == isl.ast_node_type.mark:
             name = n.mark_get_id().get_name()
-            if parse_register_mark(name) is not None:
+            if register_mark(name) is not None:
                 return self._promoted(self.promotions[n.get_annotation().get_name()],
                                       n.mark_get_node(), pending, in_parallel)
             mark = parse_mark(name)
@@ -842,7 +841,7 @@ class _Walker:
                      if n.if_has_else_node() else None)
             return [cgen.If(self._isl(n.if_get_cond()).text, then, other)]
         if t == isl.ast_node_type.mark \
-                and parse_register_mark(n.mark_get_id().get_name()) is None:
+                and register_mark(n.mark_get_id().get_name()) is None:
             mark = parse_mark(n.mark_get_id().get_name())
             return self._shared(n.mark_get_node(), pending + ((mark,) if mark else ()))
         if t == isl.ast_node_type.for_ and not n.for_is_degenerate():

@@ -22,6 +22,7 @@ from . import expr as E
 from .deps import Dependences
 from .errors import CompileError, ScheduleError
 from .ir import Access, Kernel, access_relation, params_prefix
+from .marks import REGISTER
 from .schedule import register_tile
 from .schedule.fuse import private_arrays, private_problem
 from .schedule.vector import REDUCE, reduce_mark_problem
@@ -142,7 +143,7 @@ def _check_marks(deps: Dependences, schedule: isl.Schedule, kernel: Kernel) -> N
             why = reduce_mark_problem(band, kernel)
             if why is not None:
                 problems.append(f"the loop marked {name!r} is no vector reduction: {why}")
-        elif name.startswith(register_tile.REGISTER + ":"):
+        elif name.startswith(REGISTER + ":"):  # (a malformed one too: check_mark says so)
             why = register_tile.check_mark(node, kernel)
             if why is not None:
                 problems.append(f"the mark {name!r} is unsafe: {why}")

@@ -13,7 +13,7 @@ import pytest
 
 import polyc
 from codegen_helpers import fused_bands
-from polyc import share
+from polyc import marks, share
 from polyc.schedule import fuse, machine, optimize
 
 ATAX = """
@@ -146,7 +146,7 @@ def _private_marks(schedule: isl.Schedule) -> list[isl.ScheduleNode]:
     from polyc.check import iter_nodes
     return [n for n in iter_nodes(schedule.get_root())
             if n.get_type() == isl.schedule_node_type.mark
-            and n.mark_get_id().get_name().startswith(fuse.PRIVATE)]
+            and n.mark_get_id().get_name().startswith(marks.PRIVATE)]
 
 
 @pytest.mark.parametrize("scheduler", ["isl", "pluto"])
@@ -210,7 +210,7 @@ def test_private_marks_are_checked(tiny_l2):
     check_schedule(kernel, deps, scheduled.schedule)  # as compiled: fine
     names = [a.name for a in kernel.arrays]
     for other, why in (("A", "touches"), ("y1", "touches"), ("", "carries a dependence")):
-        bad = fuse.private_mark((other,), kernel) if other else fuse.PRIVATE
+        bad = fuse.private_mark((other,), kernel) if other else marks.PRIVATE
         edited = mark.delete().insert_mark(isl.Id(bad)).get_schedule()
         with pytest.raises(polyc.ScheduleError, match=why):
             check_schedule(kernel, deps, edited)

@@ -78,6 +78,7 @@ import islpy as isl
 
 from .. import dtypes as D
 from .. import expr as E
+from .. import marks
 from ..deps import Dependences
 from ..ir import Kernel, fixed_bytes
 from ..options import Options
@@ -537,25 +538,17 @@ def private_problem(kernel: Kernel, names: set[str], private: tuple[str, ...]) -
     return None
 
 
-#: the mark above a fused loop that may run in parallel once the arrays it names have a
-#: copy per thread: ``private:3,5``, positions in the kernel's arrays (a model's names may
-#: hold any character); ``private:`` alone: none needed
-PRIVATE = "private:"
-
-
 def private_mark(arrays: tuple[str, ...], kernel: Kernel) -> str:
+    """The ``private:`` mark (:mod:`polyc.marks`) above a fused loop whose threads may
+    each add into their own copy of ``arrays``."""
     names = [a.name for a in kernel.arrays]
-    return PRIVATE + ",".join(str(names.index(a)) for a in arrays)
+    return marks.private_mark([names.index(a) for a in arrays])
 
 
 def private_arrays(mark: str, kernel: Kernel) -> tuple[str, ...] | None:
     """The arrays of a ``private:`` mark's name; None for another mark."""
-    if not mark.startswith(PRIVATE):
-        return None
-    rest = mark[len(PRIVATE):].partition("@")[0]  # (code generation tags it "@depth")
-    if not all(x.isdigit() for x in rest.split(",") if rest):
-        return None
-    return tuple(kernel.arrays[int(x)].name for x in rest.split(",")) if rest else ()
+    positions = marks.private_positions(mark)
+    return None if positions is None else tuple(kernel.arrays[k].name for k in positions)
 
 
 def _fused_field(mark: str, k: int) -> int | None:

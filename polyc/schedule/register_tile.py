@@ -69,11 +69,11 @@ from .. import dtypes as D
 from .. import expr as E
 from ..ir import (QUAD_LANES, Kernel, Statement, access_relation, element_iterators,
                   quad_dot)
+from ..marks import REGISTER, RegisterMark, register_mark
 from ..options import Options
 from . import machine, tiling
 from .vector import member_iterators, unit_last
 
-REGISTER = "register"
 SIMD = "simd"
 
 #: vectors of a register tile's row (its column loop's vectors) per vector width in bits
@@ -128,7 +128,7 @@ def machine_shape(dtype: str, options: Options) -> tuple[int, int] | None:
 def mark_name(stmt: str, box: tuple[int, ...], init: str = "", epilogue: str = "",
               bits: int | None = None, quad: bool = False) -> str:
     """``"register:S1:8,64:512"``: the statement, its accumulator box, the vector bits
-    (code generation parses it: :func:`polyc.codegen.ast.parse_register_mark`); with
+    (:mod:`polyc.marks`; code generation parses it); with
     ``init`` a fifth part ``":S0"``: the accumulator starts from the value of the
     reduction's initialisation ``S0`` (a constant), which leaves the schedule
     (:func:`first_visit_init`); with ``epilogue`` a sixth ``":S2"``: the copy-out runs
@@ -137,10 +137,7 @@ def mark_name(stmt: str, box: tuple[int, ...], init: str = "", epilogue: str = "
     bits (``"512q"``): the statement is a byte dot product (:func:`polyc.ir.quad_dot`)
     whose column loop code generation writes as ``vpdpbusd`` instructions."""
     bits = vector_bits() if bits is None else bits
-    name = f"{REGISTER}:{stmt}:{','.join(map(str, box))}:{bits}{'q' if quad else ''}"
-    if epilogue:
-        return f"{name}:{init}:{epilogue}"
-    return f"{name}:{init}" if init else name
+    return RegisterMark(stmt, tuple(box), bits, init, epilogue, quad).name
 
 
 @dataclass(frozen=True)
@@ -646,31 +643,26 @@ def check_mark(mark: isl.ScheduleNode, kernel: Kernel) -> str | None:
 def parse_mark(name: str) -> tuple[str, tuple[int, ...]] | None:
     """``("S1", (8, 64))`` for the mark ``"register:S1:8,64:512"`` (or ``...:512:S0``);
     None for others."""
-    parts = name.split(":")
-    if len(parts) not in (4, 5, 6) or parts[0] != REGISTER:
-        return None
-    try:
-        return parts[1], tuple(int(x) for x in parts[2].split(","))
-    except ValueError:
-        return None
+    m = register_mark(name)
+    return None if m is None else (m.stmt, m.box)
 
 
 def mark_quad(name: str) -> bool:
     """Whether a register mark's statement is a byte dot product written with VNNI."""
-    parts = name.split(":")
-    return len(parts) >= 4 and parts[3].endswith("q")
+    m = register_mark(name)
+    return m is not None and m.quad
 
 
 def mark_init(name: str) -> str:
     """The initialisation statement a register mark's accumulator starts from, or ""."""
-    parts = name.split(":")
-    return parts[4] if len(parts) in (5, 6) and parts[0] == REGISTER else ""
+    m = register_mark(name)
+    return "" if m is None else m.init
 
 
 def mark_epilogue(name: str) -> str:
     """The statement a register mark's copy-out runs (:func:`epilogue_of`), or ""."""
-    parts = name.split(":")
-    return parts[5] if len(parts) == 6 and parts[0] == REGISTER else ""
+    m = register_mark(name)
+    return "" if m is None else m.epilogue
 
 
 def dropped_inits(schedule: isl.Schedule) -> set[str]:
