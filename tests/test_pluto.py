@@ -184,3 +184,61 @@ def test_cuda_target_through_the_emulation(case):
     want = ref(*inputs)
     for g, w in zip(fwd, want if isinstance(want, tuple) else (want,)):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def _bands(schedule):
+    found = []
+
+    def visit(node):
+        if node.get_type() == isl.schedule_node_type.band:
+            found.append((node.band_get_partial_schedule().to_str(), node.band_n_member(),
+                          node.band_get_permutable(),
+                          [node.band_member_get_coincident(m) for m in range(node.band_n_member())]))
+        return True
+    schedule.get_root().foreach_descendant_top_down(visit)
+    return found
+
+
+@pytest.mark.parametrize("shift, merges", [("0", True), ("1", False)])
+def test_bands_one_above_the_other_merge_where_permutable(shift, merges):
+    """``scheduler.merge_bands``: a band over a band becomes one band where no dependence
+    left by the loops above runs backwards along any member of the merged band
+    (``A(i,j) = A(i-1,j)``: distance (1, 0)); with ``A(i-1,j+1)`` (distance (1, -1)) the
+    bands stay apart, the inner one free to run along j only once i is fixed."""
+    from polyc.schedule.scheduler import merge_bands
+    op = polyc.define(f"def f(float(N,M) A0) -> (A) {{ A(i,j) = A0(i,j)\n"
+                      f"A(i,j) = A(i-1,j+{shift}) + 1.0 where exists A0(i-1,j+{shift}) }}")
+    kernel = op.kernel
+    deps = compute_dependences(kernel)
+    s1 = kernel.statements[1]
+    tree = isl.Schedule.from_domain(s1.domain)
+    outer = isl.MultiUnionPwAff(f"[N, M] -> [{{ {s1.name}[i, j] -> [(i)] }}]")
+    inner = isl.MultiUnionPwAff(f"[N, M] -> [{{ {s1.name}[i, j] -> [(j)] }}]")
+    node = tree.get_root().child(0).insert_partial_schedule(inner)
+    node = node.insert_partial_schedule(outer).band_set_permutable(1)
+    node = node.child(0).band_set_permutable(1)
+    merged = _bands(merge_bands(node.get_schedule(), deps))
+    if merges:
+        assert [(n, p, c) for _, n, p, c in merged] == [(2, True, [False, True])]
+    else:
+        assert [n for _, n, _, _ in merged] == [1, 1]
+
+
+def test_covariance_product_gets_one_band_and_a_register_tile():
+    """Pluto puts covariance's product ``cov(i,j) +=! d(k,i) * d(k,j)`` in ``[i]`` above
+    ``[j, k]``; merged, the band is ``[i, j, k]`` (permutable, the sum ``k`` not
+    coincident) and the product gets its register tile; the result is numpy's."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent.parent / "examples" / "benchmarks"))
+    from polybench_kernels import BENCHES
+    b = next(x for x in BENCHES if x.name == "covariance")
+    op = polyc.define(b.tc, scheduler="pluto")
+    sched = polyc.pipeline.compute_schedule(op.kernel, compute_dependences(op.kernel),
+                                            op.options)
+    product = [x for x in _bands(sched) if "k)" in x[0]]
+    assert [(n, p, c) for _, n, p, c in product] == [(3, True, [True, True, False])]
+    sizes = {"N": 97, "M": 301}
+    data = np.random.default_rng(3).standard_normal((sizes["N"], sizes["M"]))
+    np.testing.assert_allclose(op(data), np.cov(data, rowvar=False), rtol=1e-10, atol=1e-12)
+    assert "polyc_acc[" in op.compiled_for(sizes).c_source
