@@ -8,7 +8,8 @@ any number) adds rectangular ones, C(M,N) = A(M,K) @ B(K,N), printed the same wa
 
 For each thread count (1, 2) the script runs itself in a child process with
 OMP_NUM_THREADS / OPENBLAS_NUM_THREADS set (both libraries read them at start-up) and
-OMP_PROC_BIND=close; within a child, polyc and numpy are timed in alternating blocks
+OMP_PROC_BIND=close, and an empty polyc cache (libraries built afresh: see
+``bench_polybench``); within a child, polyc and numpy are timed in alternating blocks
 (their idle thread pools spin; see ``bench_onnx._median_pair``) and the medians are
 compared.
 Each figure is printed with a correctness check against numpy, and each thread count's
@@ -18,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # alternating blocks of each side, the median of their medians (the reason is in its doc)
@@ -110,13 +113,16 @@ def main() -> None:
         child(a.child, a.repeat, shapes, not a.no_conv, a.rounds)
         return
     for t in (int(x) for x in a.threads.split(",")):
+        # a fresh polyc cache: libraries built afresh, as bench_polybench's
+        cache = tempfile.mkdtemp(prefix="polyc-bench-")
         env = dict(os.environ, OMP_NUM_THREADS=str(t), OPENBLAS_NUM_THREADS=str(t),
-                   OMP_PROC_BIND="close")
+                   OMP_PROC_BIND="close", POLYC_CACHE_DIR=cache)
         # this machine may set these for old OpenBLAS builds; they slow a current numpy
         env.pop("OPENBLAS_CORETYPE", None), env.pop("OPENBLAS_L2_SIZE", None)
         subprocess.run([sys.executable, __file__, "--child", str(t), "--repeat", str(a.repeat),
                         "--rounds", str(a.rounds), "--sizes", a.sizes, "--rect", a.rect]
                        + (["--no-conv"] if a.no_conv else []), env=env, check=True)
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 if __name__ == "__main__":

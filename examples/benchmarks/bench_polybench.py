@@ -185,7 +185,12 @@ def main() -> None:
           f"-march=native, 1 thread); all {len(BENCHES)} are written in TC (--notes: how)",
           flush=True)
     ratios = []
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as work, tempfile.TemporaryDirectory() as cache:
+        # polyc's libraries built afresh (compile times cold), never loaded from files the
+        # page cache has held since an earlier run: one such file, byte for byte the
+        # library a fresh build gives, ran mvt 2.2x slower (1.8 vs 0.83 ms) until the
+        # kernel dropped its pages (posix_fadvise DONTNEED) -- the host's doing
+        os.environ["POLYC_CACHE_DIR"] = cache
         for b in BENCHES:
             if b.name not in wanted:
                 continue
