@@ -25,6 +25,7 @@ from __future__ import annotations
 import islpy as isl
 
 from .. import dtypes as D
+from .. import expr as E
 from ..ir import Kernel
 from ..options import Options
 from . import machine, register_tile, tiling
@@ -130,6 +131,52 @@ def streams(node: isl.ScheduleNode, kernel: Kernel) -> bool:
             rows[access.array] = (min(lo, offset), max(hi, offset), row)
     need = sum((hi - lo + 1) * row for lo, hi, row in rows.values())
     return need * STREAM_L2_FRACTION <= machine.l2_bytes()
+
+
+#: the share of the L1 the sums of a band summing down columns may take
+#: (:func:`sums_down_columns`)
+COLUMN_SUMS_L1_FRACTION = 2
+
+
+def sums_down_columns(node: isl.ScheduleNode, kernel: Kernel) -> bool:
+    """Does this band add whole rows into a few sums that stay in the L1?
+
+    So for a band whose innermost member is coincident and walks the last index of
+    every access that holds it, with reductions before it, each statement's write
+    holding none of the reduction iterators and every access pointwise along the band
+    (:func:`_pointwise`), and whose writes over the coincident members fit in a half of
+    the L1 (:data:`COLUMN_SUMS_L1_FRACTION`): ``x(i) +=! A(j,i) * y(j)``, a vector-matrix
+    product down the columns of a row-major ``A`` (bicg's ``s``, mvt's ``x2``, atax's
+    ``y``). Untiled, each step of the sum streams a whole row of ``A`` while the sums
+    stay in the L1; tiles of 512 columns cut every row into 2 KB pieces 8 KB apart
+    (float 2000x2000, one thread: 0.39 -> 0.28 ms; OpenBLAS ``y @ A`` 0.17 ms)."""
+    n = node.band_n_member()
+    flags = tiling.coincident_flags(node)
+    if n < 2 or all(flags) or not flags[-1]:
+        return False
+    members = [member_iterators(node, m) for m in range(n)]
+    budget = machine.l1d_bytes() // COLUMN_SUMS_L1_FRACTION
+    for name in members[0]:
+        its = [m.get(name) for m in members]
+        if None in its or len(set(its)) < n:
+            return False
+        s = kernel.statement(name)
+        sums = {it for it, f in zip(its, flags) if not f}
+        if any(sums & E.free_names(ix)[0] for ix in s.write.indices):
+            return False
+        if any(_pointwise(a, its, dict(kernel.fixed_sizes)) is None
+               for a in (s.write, *s.reads)):
+            return False
+        size = D.itemsize(kernel.array(s.write.array).dtype)
+        for it, f in zip(its, flags):
+            extent = register_tile.extent(s, kernel, it)
+            if extent is None:
+                return False
+            size *= extent if f else 1
+        budget -= size
+        if budget < 0:
+            return False
+    return True
 
 
 def _pointwise(access, its: list[str], sizes: dict[str, int]) -> dict[str, int] | None:

@@ -600,7 +600,8 @@ def _finish(top: isl.ScheduleNode, p: Plan, kernel: Kernel, n: int,
     coincident = [i for i in range(n) if flags[i]]
     full = _full_tiles(top, p, coincident.index(p.u),
                        None if p.v is None else coincident.index(p.v))
-    top = top.band_set_ast_build_options(_isolate(full, top.get_schedule_depth()))
+    top = top.band_set_ast_build_options(
+        tiling.isolate_option(full, top.get_schedule_depth()))
     if p.dot is not None:  # no simd loop: the C compiler vectorizes the reduction
         return top
     # the simd mark on the column loop
@@ -889,12 +890,4 @@ def _full_tiles(top: isl.ScheduleNode, p: Plan, iu: int, iv: int | None) -> isl.
     partial = box.subtract(have).domain()
     return have.domain().subtract(partial).reset_tuple_id()
 
-
-def _isolate(full: isl.Set, d: int) -> isl.UnionSet:
-    """The AST option that isolates the ``full`` register tiles (:func:`_full_tiles`) of a
-    band at depth ``d``: their code has no bound checks (the unrolled rows carry no
-    guards)."""
-    opt = isl.Map.from_range(full).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d)
-    opt = opt.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
-    return isl.UnionSet.from_set(opt.wrap().set_tuple_name("isolate"))
 

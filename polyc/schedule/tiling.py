@@ -112,3 +112,12 @@ def box_volume(s: isl.Set) -> int | None:
             return None
         volume *= max(0, hi.to_python() - lo.to_python() + 1)
     return volume
+
+
+def isolate_option(full: isl.Set, d: int) -> isl.UnionSet:
+    """The AST option that isolates the values ``full`` (the ``d`` dimensions of the
+    schedule above a band, then the band's) of a band at depth ``d``: isl generates
+    their code apart from the rest's, without the rest's bound checks."""
+    opt = isl.Map.from_range(full).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d)
+    opt = opt.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
+    return isl.UnionSet.from_set(opt.wrap().set_tuple_name("isolate"))
