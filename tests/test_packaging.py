@@ -167,7 +167,8 @@ ALLOWED_CORE = {"frontend": {"polyc.ir", "polyc.expr", "polyc.dtypes", "polyc.er
                              "polyc.program", "polyc.inline", "polyc.limits",
                              "polyc.guards", "polyc.rewrite"},
                 "codegen": {"polyc.ir", "polyc.expr", "polyc.dtypes", "polyc.errors",
-                            "polyc.options", "polyc.program", "polyc.limits"}}
+                            "polyc.options", "polyc.program", "polyc.limits",
+                            "polyc.marks"}}
 WIRING = {"polyc.pipeline", "polyc.api", "polyc.cli", "polyc", "polyc.__main__", "polyc.model",
           "polyc.backend", "polyc.tune", "polyc.compare", "polyc.search", "polyc.plot"}
 LAYERS = ("polyc.frontend", "polyc.codegen")
