@@ -45,7 +45,7 @@ UNROLL = "unroll:"
 def is_loop_mark(name: str) -> bool:
     """``parallel``, ``simd``, ``reduce``, ``wavefront``, ``cyclic`` or ``unroll:<factor>``."""
     return name in LOOP_MARKS or (name.startswith(UNROLL) and name[len(UNROLL):].isdigit()) \
-        or private_positions(name) is not None
+        or ("@" not in name and private_positions(name) is not None)  # (untagged, as the others)
 _ITERATOR = re.compile(r"polyc_c([0-9]+)")
 
 

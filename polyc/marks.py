@@ -72,5 +72,6 @@ def private_positions(name: str) -> list[int] | None:
     None for another mark."""
     if not name.startswith(PRIVATE):
         return None
-    rest = [x for x in name[len(PRIVATE):].partition("@")[0].split(",") if x]
-    return [int(x) for x in rest] if all(x.isdigit() for x in rest) else None
+    rest = name[len(PRIVATE):].partition("@")[0]
+    parts = rest.split(",") if rest else []
+    return [int(x) for x in parts] if all(x.isdigit() for x in parts) else None

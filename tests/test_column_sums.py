@@ -78,3 +78,38 @@ def test_sums_too_large_for_the_l1_keep_their_tiles(monkeypatch):
     finally:
         monkeypatch.delenv("POLYC_L1D_BYTES")
         machine.l1d_bytes.cache_clear()
+
+
+BICG = """
+def bicg(double(N,M) A, double(M) p, double(N) r) -> (s, q) {
+    s(j) +=! r(i) * A(i,j)
+    q(i) +=! A(i,j) * p(j)
+}"""
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,m", [(301, 97), (250, 131)])
+def test_fused_sums_down_columns_jam_from_each_fused_tile(n, m, threads, monkeypatch):
+    """bicg with an L2 of 64 KB: its two sweeps over ``A`` fuse along the rows, in
+    fused tiles of some rows (no multiple of 4, as a rule); the sums down the columns
+    (``s``) count their steps of 4 rows from each tile's start, the last one shorter,
+    with no test inside a vector loop; exact against numpy."""
+    monkeypatch.setenv("POLYC_L2_BYTES", "65536")
+    machine.l2_bytes.cache_clear()
+    try:
+        rng = np.random.default_rng(n)
+        a, p, r = rng.standard_normal((n, m)), rng.standard_normal(m), rng.standard_normal(n)
+        op = polyc.define(BICG, threads=threads)
+        s, q = op(a, p, r)
+        np.testing.assert_allclose(s, r @ a, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(q, a @ p, rtol=1e-12, atol=1e-12)
+        src = op.compiled_for({"N": n, "M": m}).c_source
+        # (steps from the fused tile's start: ``i = R * c0 + 4 * c3 + 3``)
+        assert re.search(r"i = \d+ \* c0 \+ 4 \* c\d+ \+ 3;", src), src
+        assert _body_copies(src, "s[j]") == optimize.JAM_SUMS
+        for m_ in re.finditer(r"#pragma omp simd\n\s*for \([^\n]*\n(\s*)\{\n(.*?)\n\1\}", src,
+                              re.S):
+            assert "if (" not in m_.group(2), m_.group(0)
+    finally:
+        monkeypatch.delenv("POLYC_L2_BYTES")
+        machine.l2_bytes.cache_clear()

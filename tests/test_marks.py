@@ -31,4 +31,5 @@ def test_private_marks_with_and_without_the_depth_tag():
     assert private_positions("private:3,5@2") == [3, 5]
     assert private_positions("private:") == []
     assert private_positions("private:a") is None
+    assert private_positions("private:3,,5") is None and private_positions("private:,") is None
     assert private_positions("parallel") is None

@@ -242,3 +242,21 @@ def test_covariance_product_gets_one_band_and_a_register_tile():
     data = np.random.default_rng(3).standard_normal((sizes["N"], sizes["M"]))
     np.testing.assert_allclose(op(data), np.cov(data, rowvar=False), rtol=1e-10, atol=1e-12)
     assert "polyc_acc[" in op.compiled_for(sizes).c_source
+
+
+def test_a_merge_that_loses_a_parallel_member_is_refused():
+    """``A(i,j) = A(i-1,j-1)``: below ``[i]``, ``[j]`` is parallel; merged, ``[i, j]``
+    is permutable but neither member is parallel, so the bands stay apart."""
+    from polyc.schedule.scheduler import merge_bands
+    op = polyc.define("def f(float(N,M) A0) -> (A) { A(i,j) = A0(i,j)\n"
+                      "A(i,j) = A(i-1,j-1) + 1.0 where exists A0(i-1,j-1) }")
+    kernel = op.kernel
+    deps = compute_dependences(kernel)
+    s1 = kernel.statements[1]
+    tree = isl.Schedule.from_domain(s1.domain)
+    node = tree.get_root().child(0).insert_partial_schedule(
+        isl.MultiUnionPwAff(f"[N, M] -> [{{ {s1.name}[i, j] -> [(j)] }}]"))
+    node = node.band_set_permutable(1).band_member_set_coincident(0, 1)
+    node = node.insert_partial_schedule(
+        isl.MultiUnionPwAff(f"[N, M] -> [{{ {s1.name}[i, j] -> [(i)] }}]")).band_set_permutable(1)
+    assert [n for _, n, _, _ in _bands(merge_bands(node.get_schedule(), deps))] == [1, 1]

@@ -119,10 +119,13 @@ def main() -> None:
                    OMP_PROC_BIND="close", POLYC_CACHE_DIR=cache)
         # this machine may set these for old OpenBLAS builds; they slow a current numpy
         env.pop("OPENBLAS_CORETYPE", None), env.pop("OPENBLAS_L2_SIZE", None)
-        subprocess.run([sys.executable, __file__, "--child", str(t), "--repeat", str(a.repeat),
-                        "--rounds", str(a.rounds), "--sizes", a.sizes, "--rect", a.rect]
-                       + (["--no-conv"] if a.no_conv else []), env=env, check=True)
-        shutil.rmtree(cache, ignore_errors=True)
+        try:
+            subprocess.run([sys.executable, __file__, "--child", str(t), "--repeat",
+                            str(a.repeat), "--rounds", str(a.rounds), "--sizes", a.sizes,
+                            "--rect", a.rect] + (["--no-conv"] if a.no_conv else []),
+                           env=env, check=True)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -190,14 +190,21 @@ def main() -> None:
         # page cache has held since an earlier run: one such file, byte for byte the
         # library a fresh build gives, ran mvt 2.2x slower (1.8 vs 0.83 ms) until the
         # kernel dropped its pages (posix_fadvise DONTNEED) -- the host's doing
+        before = os.environ.get("POLYC_CACHE_DIR")
         os.environ["POLYC_CACHE_DIR"] = cache
-        for b in BENCHES:
-            if b.name not in wanted:
-                continue
-            sizes = b.sizes if a.size == "large" else PRESETS[a.size][b.name]
-            # float32: the sums of a few thousand products agree to about 1e-5
-            ratios.append(run_one(as_float32(b), sizes, a.repeat, work, 1e-3, 1e-4)
-                          if single else run_one(b, sizes, a.repeat, work))
+        try:
+            for b in BENCHES:
+                if b.name not in wanted:
+                    continue
+                sizes = b.sizes if a.size == "large" else PRESETS[a.size][b.name]
+                # float32: the sums of a few thousand products agree to about 1e-5
+                ratios.append(run_one(as_float32(b), sizes, a.repeat, work, 1e-3, 1e-4)
+                              if single else run_one(b, sizes, a.repeat, work))
+        finally:
+            if before is None:
+                os.environ.pop("POLYC_CACHE_DIR", None)
+            else:
+                os.environ["POLYC_CACHE_DIR"] = before
     if ratios:
         g1 = float(np.exp(np.mean(np.log([r[0] for r in ratios]))))
         g2 = float(np.exp(np.mean(np.log([r[1] for r in ratios]))))

@@ -89,6 +89,29 @@ def member_extent(node: isl.ScheduleNode, kernel: Kernel, member: int) -> int | 
     return extents.pop() if len(extents) == 1 else None
 
 
+def whole_tile(node: isl.ScheduleNode, kernel: Kernel, member: int) -> int | None:
+    """A tile size along ``member`` that puts all its values in one tile (tiles start at
+    multiples of the size: ``hi + 1`` where no value is negative; a range from ``-3``
+    takes two tiles whatever the size, and gets its extent); None where the member is
+    not one fixed-size iterator of each statement."""
+    size = 0
+    for name, it in member_iterators(node, member).items():
+        s = kernel.statement(name)
+        if it is None or len(kernel.fixed_sizes) != len(kernel.sizes) or it not in s.iterators:
+            return None
+        dom = s.domain.intersect_params(kernel.context)
+        dom = dom.project_out(isl.dim_type.param, 0, dom.dim(isl.dim_type.param))
+        if dom.is_empty():
+            return None
+        i = s.iterators.index(it)
+        lo, hi = dom.dim_min_val(i), dom.dim_max_val(i)
+        if not (lo.is_int() and hi.is_int()):
+            return None
+        lo, hi = lo.to_python(), hi.to_python()
+        size = max(size, hi + 1 if lo >= 0 else hi - lo + 1)
+    return size or None
+
+
 #: the share of the L2 the rows a streaming band reuses may take (:func:`streams`)
 STREAM_L2_FRACTION = 4
 

@@ -204,7 +204,7 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
     group = _byte_group(node, kernel, vec) if node.band_get_permutable() else None
     did_tile = False
     reg = None
-    jam = False  # the sum's steps unrolled and jammed into the vector loop (:func:`_jam`)
+    jam = 1  # steps of the sum unrolled and jammed into the vector loop (:func:`_jam`)
     if node.band_get_permutable() and node.band_n_member() > 1:
         order = _member_order(node, inner, kernel)
         if group is not None:  # the lanes, then their bytes (unrolled) innermost
@@ -223,9 +223,9 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
                 and vec == node.band_n_member() - 1 \
                 and cache_blocks.sums_down_columns(node, kernel):
             # whole rows (one tile per member; the threads' cut comes below)
-            sizes = [cache_blocks.member_extent(node, kernel, i) or t
+            sizes = [cache_blocks.whole_tile(node, kernel, i) or t
                      for i, t in enumerate(sizes)]
-            jam = node.band_n_member() == 2
+            jam = JAM_SUMS if node.band_n_member() == 2 else 1
         if sizes is not None and reg is not None and options.tile is True:
             flags = tiling.coincident_flags(node)
             chunk = reduction_chunk(reg.mr, D.itemsize(kernel.array(reg.array).dtype))
@@ -302,8 +302,8 @@ def _visit_band(node: isl.ScheduleNode, kernel: Kernel, options: Options,
         inner = _program_order_points(inner, kernel)
     elif vec is not None and group is not None:
         inner = _mark_simd_groups(inner)
-    elif vec is not None and jam and did_tile and JAM_SUMS > 1:
-        inner = _jam(inner, JAM_SUMS)
+    elif vec is not None and jam > 1 and did_tile:
+        inner = _jam(inner, jam, sizes[0])
     elif vec is not None:
         inner = _mark_simd(inner)
     else:
@@ -882,21 +882,27 @@ def _mark_simd(node: isl.ScheduleNode, mark: str = SIMD) -> isl.ScheduleNode:
 #: threads' cut (:func:`cache_blocks.sums_down_columns`; a switch for measurements)
 SUMS_IN_ROWS = True
 
-#: the steps of a sum down columns run in each vector iteration (:func:`_jam`; 1: none)
+#: the steps of a sum down columns run in each vector iteration, where whole rows run
+#: (:data:`SUMS_IN_ROWS`; :func:`_jam`; 1: none)
 JAM_SUMS = 4
 
 
-def _jam(node: isl.ScheduleNode, u: int) -> isl.ScheduleNode:
+def _jam(node: isl.ScheduleNode, u: int, tile: int) -> isl.ScheduleNode:
     """The point band ``[r, v]`` of a band summing down columns (a sum ``r``, the vector
     member ``v``: :func:`cache_blocks.sums_down_columns`) as ``[r // u]``, then the
     vector loop ``[v]``, then ``[r]`` unrolled inside it: each vector of sums takes
     ``u`` rows' terms, in their order, between its load and its store (unroll and jam).
     ``x(i) +=! A(j,i) * y(j)``, float 2000x2000, one thread: 0.22 -> 0.18 ms (OpenBLAS
-    ``y @ A`` 0.17 ms). Returns the node at ``node``'s position."""
+    ``y @ A`` 0.17 ms). The steps count from the start of the tile of ``r`` (``tile``
+    values; a fused tile of 15 rows: 3 steps of 4 and one of 3, not a part-step at each
+    end), and the steps whose vector iterations have all ``u`` rows are isolated
+    (:func:`_whole_steps`): their code tests nothing. Returns the node at ``node``'s
+    position."""
     ctx = node.get_ctx()
     mupa = node.band_get_partial_schedule()
     r, v = mupa.get_union_pw_aff(0), mupa.get_union_pw_aff(1)
-    steps = r.scale_down_val(isl.Val.int_from_si(ctx, u)).floor()
+    steps = r.mod_val(isl.Val.int_from_si(ctx, tile)) \
+        .scale_down_val(isl.Val.int_from_si(ctx, u)).floor()
     node = node.delete()
     node = node.insert_partial_schedule(tiling.multi_union_pw_aff([r]))
     node = node.band_member_set_ast_loop_type(0, isl.ast_loop_type.unroll)
@@ -911,29 +917,20 @@ def _jam(node: isl.ScheduleNode, u: int) -> isl.ScheduleNode:
 
 
 def _whole_steps(steps: isl.ScheduleNode, u: int) -> isl.Set:
-    """The values of the schedule above ``steps`` (the band ``[r // u]`` of :func:`_jam`)
-    and of ``steps`` whose ``u`` values of ``r`` all exist."""
+    """The values of the schedule above ``steps`` (the band of :func:`_jam`'s steps) and
+    of ``steps`` under which every vector iteration has all ``u`` rows (a step some of
+    whose columns lack a row, on a triangle, is not whole)."""
     d = steps.get_schedule_depth()
     leaf = steps.child(0).child(0).child(0).child(0)  # mark, [v], [r], leaf
     flat = leaf.get_prefix_schedule_union_map().intersect_domain(leaf.get_domain())
     pts = flat.range().get_set_list().get_at(0)  # [above(d), step, v, r]
-    pts = pts.project_out(isl.dim_type.set, d + 1, 1)
-    have = isl.Map.from_range(pts).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d + 1)
-    ls = isl.LocalSpace.from_space(have.get_space())
-    ctx = steps.get_ctx()
-
-    def val(x: int) -> isl.Val:
-        return isl.Val.int_from_si(ctx, x)
-    box = isl.Map.universe(have.get_space())
-    box = box.add_constraint(isl.Constraint.alloc_inequality(ls)  # r >= u * step
-                             .set_coefficient_val(isl.dim_type.out, 0, val(1))
-                             .set_coefficient_val(isl.dim_type.in_, d, val(-u)))
-    box = box.add_constraint(isl.Constraint.alloc_inequality(ls)  # r < u * step + u
-                             .set_coefficient_val(isl.dim_type.out, 0, val(-1))
-                             .set_coefficient_val(isl.dim_type.in_, d, val(u))
-                             .set_constant_val(val(u - 1)))
-    partial = box.intersect_domain(have.domain()).subtract(have).domain()
-    return have.domain().subtract(partial).reset_tuple_id()
+    have = isl.Map.from_range(pts).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d + 2)
+    # a step's rows are u consecutive values: whole where its first and last both exist
+    last = isl.Map(f"{{ [r] -> [r - {u - 1}] }}").align_params(have.get_space())
+    whole = have.intersect(have.apply_range(last)).domain()
+    lacking = have.domain().subtract(whole).project_out(isl.dim_type.set, d + 1, 1)
+    return have.domain().project_out(isl.dim_type.set, d + 1, 1).subtract(lacking) \
+        .reset_tuple_id()
 
 
 #: a max or min reduction along rows runs its reduction as the vector loop when its

@@ -874,20 +874,7 @@ def _full_tiles(top: isl.ScheduleNode, p: Plan, iu: int, iv: int | None) -> isl.
     pts = flat.range().get_set_list().get_at(0)
     pts = pts.project_out(isl.dim_type.set, d + r, q)
     have = isl.Map.from_range(pts).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d + r)
-    space = have.get_space()
-    ls = isl.LocalSpace.from_space(space)
-    box = isl.Map.universe(space)
-    for out, tile, size in ((0, d + iu, p.mr),) + (((1, d + iv, p.nr),) if iv is not None
-                                                   else ()):
-        box = box.add_constraint(isl.Constraint.alloc_inequality(ls)
-                                 .set_coefficient_val(isl.dim_type.out, out, _val(1))
-                                 .set_coefficient_val(isl.dim_type.in_, tile, _val(-1)))
-        box = box.add_constraint(isl.Constraint.alloc_inequality(ls)
-                                 .set_coefficient_val(isl.dim_type.out, out, _val(-1))
-                                 .set_coefficient_val(isl.dim_type.in_, tile, _val(1))
-                                 .set_constant_val(_val(size - 1)))
-    box = box.intersect_domain(have.domain())
-    partial = box.subtract(have).domain()
-    return have.domain().subtract(partial).reset_tuple_id()
+    blocks = [(0, d + iu, 1, p.mr)] + ([(1, d + iv, 1, p.nr)] if iv is not None else [])
+    return tiling.full_blocks(have, blocks).reset_tuple_id()
 
 

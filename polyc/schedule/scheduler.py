@@ -495,14 +495,22 @@ def merge_bands(schedule: isl.Schedule, deps: Dependences) -> isl.Schedule:
 
 def _merged(node: isl.ScheduleNode, deps: Dependences) -> isl.ScheduleNode | None:
     """The band at ``node`` merged with its child band, or None where the merged band is
-    not permutable (or either band is not)."""
+    not permutable (or either band is not), or where a member parallel below the outer
+    band is not in the merged one: ``A(i,j) = A(i-1,j-1)`` has ``j`` parallel once ``i``
+    is fixed, but no member of ``[i, j]`` carries nothing, and the merged band would lose
+    its vector loop."""
     child = node.child(0)
     if not node.band_get_permutable() or not child.band_get_permutable():
         return None
     mupa = node.band_get_partial_schedule().flat_range_product(
         child.band_get_partial_schedule())
+    flags = [node.band_member_get_coincident(m) for m in range(node.band_n_member())] + \
+        [child.band_member_get_coincident(m) for m in range(child.band_n_member())]
     merged = _flag_band(child.delete().parent().delete().insert_partial_schedule(mupa), deps)
-    return merged if merged.band_get_permutable() else None
+    if not merged.band_get_permutable() or any(
+            f and not merged.band_member_get_coincident(m) for m, f in enumerate(flags)):
+        return None
+    return merged
 
 
 def _isl_schedule(kernel: Kernel, deps: Dependences, group: list[Statement],

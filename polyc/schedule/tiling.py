@@ -121,3 +121,27 @@ def isolate_option(full: isl.Set, d: int) -> isl.UnionSet:
     opt = isl.Map.from_range(full).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d)
     opt = opt.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
     return isl.UnionSet.from_set(opt.wrap().set_tuple_name("isolate"))
+
+
+def full_blocks(have: isl.Map, blocks: list[tuple[int, int, int, int]]) -> isl.Set:
+    """The values of ``have``'s domain (loops above some points, say) under which every
+    block is full: ``have`` maps them to the points that exist; each block ``(out, at,
+    scale, size)`` asks that output dimension ``out`` take every value from ``scale``
+    times input dimension ``at`` on, ``size`` of them (``scale`` 1 for a tile loop that
+    counts in points, ``u`` for one that counts steps of ``u``)."""
+    ls = isl.LocalSpace.from_space(have.get_space())
+    ctx = have.get_ctx()
+
+    def val(x: int) -> isl.Val:
+        return isl.Val.int_from_si(ctx, x)
+    box = isl.Map.universe(have.get_space())
+    for out, at, scale, size in blocks:
+        box = box.add_constraint(isl.Constraint.alloc_inequality(ls)  # out >= scale * at
+                                 .set_coefficient_val(isl.dim_type.out, out, val(1))
+                                 .set_coefficient_val(isl.dim_type.in_, at, val(-scale)))
+        box = box.add_constraint(isl.Constraint.alloc_inequality(ls)  # out < scale*at + size
+                                 .set_coefficient_val(isl.dim_type.out, out, val(-1))
+                                 .set_coefficient_val(isl.dim_type.in_, at, val(scale))
+                                 .set_constant_val(val(size - 1)))
+    partial = box.intersect_domain(have.domain()).subtract(have).domain()
+    return have.domain().subtract(partial)
