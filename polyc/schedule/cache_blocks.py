@@ -96,18 +96,10 @@ def whole_tile(node: isl.ScheduleNode, kernel: Kernel, member: int) -> int | Non
     not one fixed-size iterator of each statement."""
     size = 0
     for name, it in member_iterators(node, member).items():
-        s = kernel.statement(name)
-        if it is None or len(kernel.fixed_sizes) != len(kernel.sizes) or it not in s.iterators:
+        b = None if it is None else register_tile.bounds(kernel.statement(name), kernel, it)
+        if b is None:
             return None
-        dom = s.domain.intersect_params(kernel.context)
-        dom = dom.project_out(isl.dim_type.param, 0, dom.dim(isl.dim_type.param))
-        if dom.is_empty():
-            return None
-        i = s.iterators.index(it)
-        lo, hi = dom.dim_min_val(i), dom.dim_max_val(i)
-        if not (lo.is_int() and hi.is_int()):
-            return None
-        lo, hi = lo.to_python(), hi.to_python()
+        lo, hi = b
         size = max(size, hi + 1 if lo >= 0 else hi - lo + 1)
     return size or None
 

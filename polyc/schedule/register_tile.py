@@ -462,8 +462,9 @@ def fit_shape(mr: int, nr: int, lanes: int, ext_u: int | None,
     return best, nr
 
 
-def extent(s: Statement, kernel: Kernel, it: str) -> int | None:
-    """The number of values iterator ``it`` of ``s`` takes, when the sizes are fixed."""
+def bounds(s: Statement, kernel: Kernel, it: str) -> tuple[int, int] | None:
+    """The least and the greatest value of iterator ``it`` of ``s``, when the sizes are
+    fixed (None otherwise, or where ``s`` runs nothing)."""
     if len(kernel.fixed_sizes) != len(kernel.sizes) or it not in s.iterators:
         return None
     dom = s.domain.intersect_params(kernel.context)
@@ -474,7 +475,13 @@ def extent(s: Statement, kernel: Kernel, it: str) -> int | None:
     lo, hi = dom.dim_min_val(i), dom.dim_max_val(i)
     if not (lo.is_int() and hi.is_int()):
         return None
-    return max(0, hi.to_python() - lo.to_python() + 1)
+    return lo.to_python(), hi.to_python()
+
+
+def extent(s: Statement, kernel: Kernel, it: str) -> int | None:
+    """The number of values iterator ``it`` of ``s`` takes, when the sizes are fixed."""
+    b = bounds(s, kernel, it)
+    return None if b is None else max(0, b[1] - b[0] + 1)
 
 
 def _val(v: int) -> isl.Val:
