@@ -15,6 +15,7 @@ import numpy as np
 
 from . import pipeline
 from .codegen.runtime import MAX_CALL_PLANS, call_signature, check_array_sizes
+from .errors import CallError
 from .ir import Kernel
 from .options import Options
 
@@ -44,7 +45,14 @@ class Operator:
         return self.kernel.outputs
 
     def compiled_for(self, sizes: dict[str, int]) -> pipeline.Compiled:
-        """The library for these sizes (compiled once per size signature)."""
+        """The library for these sizes (compiled once per size signature): a value for
+        each of the kernel's sizes (:class:`CallError` naming the missing ones); values
+        for names that are no size of the kernel are ignored."""
+        missing = [s for s in self.kernel.sizes if s not in sizes]
+        if missing:
+            raise CallError(f"{self.kernel.name}: compiled_for takes a value for each of its "
+                            f"sizes {list(self.kernel.sizes)}; missing: {missing}")
+        sizes = {s: sizes[s] for s in self.kernel.sizes}
         key = tuple(sizes[s] for s in self.kernel.sizes) if self.options.specialize else ()
         with self._lock:
             found = self._compiled.get(key)

@@ -195,3 +195,14 @@ def test_errors_leave_the_operator_usable(mm):
     with pytest.raises(polyc.CallError):
         mm(A.astype(np.float64), B)
     np.testing.assert_allclose(mm(A, B), A @ B, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_for_names_the_sizes_it_lacks():
+    """``compiled_for`` without a size the kernel has: a CallError naming it; a value for
+    a name that is no size is ignored (it used to reach code generation: KeyError)."""
+    op = polyc.define(MATMUL)
+    with pytest.raises(polyc.CallError, match=r"compiled_for takes a value for each of its "
+                       r"sizes \['M', 'K', 'N'\]; missing: \['N'\]"):
+        op.compiled_for({"M": 4, "K": 5})
+    src = op.compiled_for({"M": 4, "K": 5, "N": 6, "Q": 2}).c_source
+    assert "Q" not in src.split("*/")[0]
