@@ -113,3 +113,12 @@ def test_fused_sums_down_columns_jam_from_each_fused_tile(n, m, threads, monkeyp
     finally:
         monkeypatch.delenv("POLYC_L2_BYTES")
         machine.l2_bytes.cache_clear()
+
+
+@pytest.mark.parametrize("scheduler", ["isl", "pluto"])
+def test_sums_down_columns_on_cuda_emulated(scheduler):
+    """The same sums on the CUDA target, emulated on the CPU, at odd sizes: numpy's."""
+    rng = np.random.default_rng(5)
+    a, y = rng.standard_normal((203, 77)), rng.standard_normal(203)
+    op = polyc.define(SRC.format(t="double"), target="cuda", emulate=True, scheduler=scheduler)
+    np.testing.assert_allclose(op(a, y), y @ a, rtol=1e-12, atol=1e-12)
