@@ -11,6 +11,9 @@ OUT=${2:-gpu-out}
 mkdir -p "$OUT"
 export POLYC_CACHE_DIR=${POLYC_CACHE_DIR:-/tmp/polyc-gpu-cache} PYTHONUNBUFFERED=1
 nvidia-smi -L; nvcc --version | tail -1
+# a missing dependency would fail tests one by one with ModuleNotFoundError: stop here
+python3 -c "import islpy, cgen, pycparser, onnx, numpy, polyc" || {
+  echo "on_gpu.sh: polyc's dependencies do not import (above); install or carry them"; exit 3; }
 echo "== benchmark"
 python3 examples/benchmarks/bench_gpu.py --arch "$ARCH" --sizes "${SIZES:-1024,2048,4096}" \
     --repeat 10 2>&1 | tee "$OUT/bench.log"
