@@ -1046,6 +1046,43 @@ static inline void polyc_round_f16_row(float *p, int64_t n)
 }"""
 
 
+_TRANSPOSE_NAME = re.compile(r"polyc_transpose_(f32|f64)x(\d+)\(")
+
+
+@functools.lru_cache(maxsize=None)
+def transpose_helper(kind: str, lanes: int) -> str:
+    """A gcc vector type of ``lanes`` floats (``kind`` f32 or f64) and the in-place
+    transpose of a ``lanes x lanes`` block of them (``polyc_transpose_<kind>x<lanes>``:
+    ``v[r][l]`` becomes ``v[l][r]``), for the rows-only dot tiles of
+    ``polyc.codegen.c_family``. Stage ``s`` (``lanes/2`` down to 1) swaps bit ``s`` of
+    the row with bit ``s`` of the lane: for each pair of rows ``r`` and ``r + s`` (bit
+    ``s`` of ``r`` clear) two two-vector shuffles, ``lanes * log2(lanes)`` in all; gcc
+    picks the instructions (``vpermt2ps``, ``vshuff32x4``, ``vshufps``...)."""
+    ctype = "float" if kind == "f32" else "double"
+    itype = "int32_t" if kind == "f32" else "int64_t"
+    vec, idx = f"polyc_{kind}x{lanes}", f"polyc_{kind}x{lanes}_index"
+    size = lanes * (4 if kind == "f32" else 8)
+    lines = ["#if defined(__GNUC__) && !defined(__clang__)",
+             f"typedef {ctype} {vec} __attribute__((vector_size({size})));",
+             f"typedef {itype} {idx} __attribute__((vector_size({size})));",
+             f"static inline __attribute__((always_inline)) void "
+             f"polyc_transpose_{kind}x{lanes}({vec} *v)", "{", f"  {vec} a, b;"]
+    s = lanes // 2
+    while s:
+        low = [l if not l & s else lanes + l - s for l in range(lanes)]
+        high = [l + s if not l & s else lanes + l for l in range(lanes)]
+        for r in range(lanes):
+            if r & s:
+                continue
+            lines.append(f"  a = v[{r}]; b = v[{r + s}];")
+            lines.append(f"  v[{r}] = __builtin_shuffle(a, b, ({idx}){{"
+                         f"{', '.join(map(str, low))}}});")
+            lines.append(f"  v[{r + s}] = __builtin_shuffle(a, b, ({idx}){{"
+                         f"{', '.join(map(str, high))}}});")
+        s //= 2
+    return "\n".join(lines + ["}", "#endif"])
+
+
 def prelude_for(text: str) -> str:
     """:data:`PRELUDE`, and the conversions of the minifloat types ``text`` uses (and the
     VNNI micro-kernels and the float16 row rounding it calls)."""
@@ -1055,6 +1092,8 @@ def prelude_for(text: str) -> str:
                       for m in _VNNI_NAME.finditer(text)})
     if ROUND_ROWS["polyc_round_f16"] + "(" in text:
         extra.append(ROUND_ROW_HELPER)
+    extra += [transpose_helper(kind, int(lanes))
+              for kind, lanes in sorted({m.groups() for m in _TRANSPOSE_NAME.finditer(text)})]
     if kernels:
         extra.append(VNNI_HELPERS.replace(
             "#endif", "\n".join(vnni_kernel(*k) for k in kernels) + "\n#endif"))
