@@ -56,7 +56,8 @@ import islpy as isl
 from polyc import dtypes as D
 from polyc import expr as E
 from polyc.errors import InternalError
-from polyc.ir import QUAD_LANES, Kernel, Statement, element_iterators, fixed_bytes, quad_dot
+from polyc.ir import (QUAD_LANES, Kernel, Statement, element_iterators, fixed_bytes, quad_dot,
+                      row_dot)
 from polyc.marks import private_positions, register_mark
 from polyc.options import Options
 
@@ -646,15 +647,19 @@ class _Walker:
             #endif
 
         Each lane adds its row's terms one after another in column order, as the plain
-        loop does: the same sums, bit for bit where both contract the same products
-        (gcc's default ``-ffp-contract=fast`` makes each ``s + w * x`` an FMA in both).
-        The plain loop's rows are 16 scalar chains that gcc gathers across rows; the
-        transposes (log2(L) stages of two-vector shuffles, L = lanes) load whole rows
-        instead. Rows past ``L`` are further vectors of lanes (double: two groups of 8
-        on AVX-512), so their chains interleave. Float 2000x2000 ``A @ x`` at one thread,
-        Zen 5: the row tiles 0.57 -> 0.26 ms. The value may multiply, add, subtract and
-        divide the row read, reads along ``j`` alone (broadcast), reads of neither and
-        constants, all of the accumulator's float type."""
+        loop does. The roundings may still differ in the last bit: gcc contracts the
+        vector ``s + w * x`` into an FMA, while the plain loop's products (and the
+        scalar tail's) it may or may not contract; where every product is exact the
+        sums are the same bit for bit. The plain loop's rows are scalar chains that gcc
+        gathers across rows; the transposes (log2(L) stages of two-vector shuffles, L =
+        lanes) load whole rows instead. Rows past ``L`` are further vectors of lanes
+        (double: two groups of 8 on AVX-512), so their chains interleave. A tile of
+        fewer than ``L / 2`` rows keeps the plain loop: the block costs a whole
+        transpose however few its rows (7 rows of 20000 columns: 0.12 ms against 0.10).
+        Float 2000x2000 ``A @ x`` at one thread, Zen 5: 0.69 -> 0.27 ms. The value may
+        multiply, add, subtract and divide the row read, reads along ``j`` alone
+        (broadcast), reads of neither and constants, all of the accumulator's float
+        type."""
         bits = {512: "__AVX512F__", 256: "__AVX2__"}.get(p.vector_bits)
         if bits is None or len(kept) != 1 or self.kernel.exits or \
                 body.get_type() != isl.ast_node_type.for_ or body.for_is_degenerate() or \
@@ -672,7 +677,7 @@ class _Walker:
                 any(row.name in E.free_names(x)[0] for i, x in enumerate(write) if i != d):
             return None
         q = sums[0]
-        walked = _row_operands(stmt, self.kernel, row.name, q)
+        walked = row_dot(stmt, self.kernel, row.name, q)
         if walked is None:
             return None
         inner_body = body.for_get_body()
@@ -708,6 +713,8 @@ class _Walker:
         itemsize = D.get(dtype).itemsize
         lanes = p.vector_bits // 8 // itemsize
         rows = len(calls)
+        if rows < lanes // 2:
+            return None
         groups = -(-rows // lanes)
         tag = f"{'f32' if dtype == 'float32' else 'f64'}x{lanes}"
         vec, ctype = f"polyc_{tag}", CTYPES[dtype]
@@ -1348,55 +1355,6 @@ def _prepend_in_loop(code: list[cgen.Generable], start: str,
         return g
     out = [walk(g) for g in code]
     return out if found else None
-
-
-def _row_operands(stmt: Statement, kernel: Kernel, row: str, q: str) -> E.Read | None:
-    """The one read of ``stmt``'s value that walks both the row ``row`` and the sum ``q``
-    (``q`` only in its last index, with coefficient 1, ``row`` elsewhere), where the
-    rest of the value is what :meth:`_Walker._rows_variant` prints on vectors: reads
-    along ``q`` alone or of neither, constants, ``+ - * /`` and negation, all of the
-    write's float type. None otherwise."""
-    dtype = kernel.array(stmt.write.array).dtype
-    walked: list[E.Read] = []
-
-    def fits(e: E.Expr) -> bool:  # (the operands, not the indices of reads)
-        if isinstance(e, E.Binary):
-            return e.op in ("+", "-", "*", "/") and fits(e.a) and fits(e.b)
-        if isinstance(e, E.Unary):
-            return e.op == "-" and fits(e.x)
-        if isinstance(e, E.Const):
-            return True
-        if not isinstance(e, E.Read) or e.array == stmt.write.array or \
-                kernel.array(e.array).dtype != dtype or not all(E.is_affine(x) for x in e.indices):
-            return False
-        used = [E.free_names(x)[0] for x in e.indices]
-        on_row, on_sum = any(row in u for u in used), any(q in u for u in used)
-        if on_row and on_sum:
-            if q not in used[-1] or row in used[-1] or any(q in u for u in used[:-1]) \
-                    or not _unit(e.indices[-1], q):
-                return False
-            walked.append(e)
-        return not on_row or on_sum
-
-    if not fits(stmt.value):
-        return None
-    if len(walked) != 1:
-        return None
-    return walked[0]
-
-
-def _unit(ix: E.Expr, q: str) -> bool:
-    """The affine ``ix`` grows by exactly 1 with ``q``, whatever its other names are."""
-    names = sorted(set().union(*E.free_names(ix)))
-    for base in (3, 17):
-        env = {n: base + k for k, n in enumerate(names)}
-        try:
-            at = [E.evaluate(ix, {**env, q: v}) for v in (5, 6, 9)]
-        except (ValueError, ZeroDivisionError):
-            return False
-        if at[1] - at[0] != 1 or at[2] - at[0] != 4:
-            return False
-    return True
 
 
 def _user_calls(n: isl.AstNode) -> list[isl.AstExpr]:

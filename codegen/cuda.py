@@ -90,6 +90,7 @@ class CudaDialect(CDialect):
     vnni_intrinsics = False
     panel_prefetch = False
     round_rows = False
+    row_transposes = False
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,22 @@ def evaluate(e: Expr, env: dict[str, int]) -> int:
     raise ValueError(f"cannot evaluate {e!r} as an integer")
 
 
+def unit_last(indices: tuple[Expr, ...], it: str) -> bool:
+    """``it`` appears in the last of ``indices`` only, with coefficient 1 (an affine index
+    without ``//`` or ``%``): consecutive values of ``it`` are consecutive elements."""
+    if not indices or any(it in free_names(ix)[0] for ix in indices[:-1]):
+        return False
+    last = indices[-1]
+    if not is_affine(last) or any(isinstance(x, Binary) and x.op in ("//", "%")
+                                  for x in walk(last)):
+        return False
+    idx, sizes = free_names(last)
+    env = dict.fromkeys(idx | sizes, 0)
+    base = evaluate(last, env)
+    env[it] = 1
+    return evaluate(last, env) - base == 1
+
+
 def free_names(e: Expr) -> tuple[set[str], set[str]]:
     """(index names, size names) used in ``e``."""
     idx = {x.name for x in walk(e) if isinstance(x, Index)}

@@ -467,3 +467,42 @@ def quad_dot(stmt: Statement, kernel: Kernel, lane_iterator: str) -> QuadDot | N
 def _lane_index(read: E.Read, lane_iterator: str) -> bool:
     """Whether ``lane_iterator`` appears in the second-to-last index of ``read``."""
     return len(read.indices) >= 2 and lane_iterator in E.free_names(read.indices[-2])[0]
+
+
+def row_dot(stmt: Statement, kernel: Kernel, row: str, q: str) -> E.Read | None:
+    """The one read of ``stmt``'s value that walks both the row ``row`` and the sum ``q``
+    (``q`` only in its last index, with coefficient 1, ``row`` elsewhere), the only read
+    of its array, where ``stmt`` is a float sum (``+``, float32 or float64) whose value
+    is what ``polyc.codegen.c_family``'s in-register transposes print on vectors: reads
+    along ``q`` alone or of neither, constants, ``+ - * /`` and negation, all of the
+    write's type. None otherwise. The register tile planner gives such a sum's tile
+    whole vectors of rows (``polyc.schedule.register_tile.plan_dot``)."""
+    if stmt.op != "+" or kernel.array(stmt.write.array).dtype not in ("float32", "float64"):
+        return None
+    dtype = kernel.array(stmt.write.array).dtype
+    walked: list[E.Read] = []
+
+    def fits(e: E.Expr) -> bool:  # (the operands, not the indices of reads)
+        if isinstance(e, E.Binary):
+            return e.op in ("+", "-", "*", "/") and fits(e.a) and fits(e.b)
+        if isinstance(e, E.Unary):
+            return e.op == "-" and fits(e.x)
+        if isinstance(e, E.Const):
+            return True
+        if not isinstance(e, E.Read) or e.array == stmt.write.array or \
+                kernel.array(e.array).dtype != dtype or not all(E.is_affine(x) for x in e.indices):
+            return False
+        used = [E.free_names(x)[0] for x in e.indices]
+        on_row, on_sum = any(row in u for u in used), any(q in u for u in used)
+        if on_row and on_sum:
+            if row in used[-1] or not E.unit_last(e.indices, q):
+                return False
+            walked.append(e)
+        return not on_row or on_sum
+
+    # one read of the row array (its block replaces every read of the array: a second
+    # one, A(k,j) or A(0,0), would read the block too)
+    if not fits(stmt.value) or len(walked) != 1 or \
+            sum(r.array == walked[0].array for r in E.reads(stmt.value)) != 1:
+        return None
+    return walked[0]

@@ -116,6 +116,8 @@ FORMS = {
     "plain sum": ("A(i,j)", lambda a, x: a.sum(1), True),
     "row read": ("A(i,j) * x(j) * b(i)", None, False),
     "function": ("exp(A(i,j)) * x(j)", lambda a, x: np.exp(a) @ x, False),
+    # the row array read a second time: its block would stand for both reads
+    "corner": ("A(i,j) * A(0,0)", lambda a, x: a.sum(1) * a[0, 0], False),
 }
 
 
@@ -140,6 +142,28 @@ def test_value_forms(form):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-4)
     if WIDE:
         assert _transposed(op, {"M": 45, "N": 67}) == taken
+
+
+@pytest.mark.parametrize("m,n", [(16, 16), (37, 53)])
+def test_gram_matrix_reads_its_rows_twice(m, n):
+    """``C(i,k) +=! A(i,j) * A(k,j)`` (PolyBench's syrk is of this form) reads the row
+    array twice: the plain loop, and the right sums."""
+    src = "def g(float(M,N) A) -> (C) { C(i,k) +=! A(i,j) * A(k,j) }"
+    a = np.random.default_rng(m).standard_normal((m, n)).astype(np.float32)
+    op = polyc.define(src, threads=1)
+    np.testing.assert_allclose(op(a), a.astype(np.float64) @ a.T.astype(np.float64),
+                               rtol=1e-4, atol=1e-4)
+    assert not _transposed(op, {"M": m, "N": n})
+
+
+def test_few_rows_keep_the_plain_loop():
+    """A tile of fewer rows than half a vector's lanes (7 rows here) keeps the plain
+    loop: a transpose of mostly empty rows costs more than it saves."""
+    a = np.random.default_rng(10).standard_normal((7, 3000)).astype(np.float32)
+    x = np.random.default_rng(11).standard_normal(3000).astype(np.float32)
+    op = polyc.define(SRC.format(t="float"), threads=1)
+    np.testing.assert_allclose(op(a, x), a @ x, rtol=1e-4, atol=1e-3)
+    assert not _transposed(op, {"M": 7, "N": 3000})
 
 
 def test_offset_rows_and_batches():
@@ -189,11 +213,11 @@ import numpy as np, polyc
 src = {src!r}
 rng = np.random.default_rng(8)
 for dt, t in (("float", np.float32), ("double", np.float64)):
-    a, x = rng.standard_normal((35, 50)).astype(t), rng.standard_normal(50).astype(t)
+    a, x = rng.standard_normal((38, 50)).astype(t), rng.standard_normal(50).astype(t)
     op = polyc.define(src.format(t=dt), threads=1, sanitize=True,
                       cflags=("-Wall", "-Wextra", "-Werror"))
     assert np.allclose(op(a, x), a @ x, rtol=1e-4, atol=1e-4)
-    print("ok", dt, "polyc_transpose_" in op.compiled_for({{"M": 35, "N": 50}}).c_source,
+    print("ok", dt, "polyc_transpose_" in op.compiled_for({{"M": 38, "N": 50}}).c_source,
           flush=True)
 """
 

@@ -83,7 +83,7 @@ from ..deps import Dependences
 from ..ir import Kernel, fixed_bytes
 from ..options import Options
 from . import cache_blocks, machine, register_tile, tiling
-from .vector import member_iterators, unit_last
+from .vector import member_iterators
 
 #: fuse at all (a switch for measurements)
 FUSE_STREAMS = True
@@ -228,7 +228,7 @@ def _writes_down_columns(run: list[_Nest], choice: list[tuple[int, int]],
     for nest, (member, _) in zip(run, choice):
         for name, it in member_iterators(nest.band, member).items():
             write = kernel.statement(name).write
-            if it is not None and len(write.indices) >= 2 and unit_last(write, it):
+            if it is not None and len(write.indices) >= 2 and E.unit_last(write.indices, it):
                 return True
     return False
 

@@ -929,8 +929,15 @@ def _whole_steps(steps: isl.ScheduleNode, u: int) -> isl.Set:
     last = isl.Map(f"{{ [r] -> [r - {u - 1}] }}").align_params(have.get_space())
     whole = have.intersect(have.apply_range(last)).domain()
     lacking = have.domain().subtract(whole).project_out(isl.dim_type.set, d + 1, 1)
-    return have.domain().project_out(isl.dim_type.set, d + 1, 1).subtract(lacking) \
-        .reset_tuple_id()
+    steps_all = have.domain().project_out(isl.dim_type.set, d + 1, 1)
+    whole = steps_all.subtract(lacking)
+    # the whole steps of a partial last tile come out as a union ("every step, or the
+    # first two in the last tile"), and isl then tests inside the vector loop; where the
+    # convex hull of the union holds no other step, isolate the hull instead
+    hull = isl.Set.from_basic_set(whole.convex_hull())
+    if hull.intersect(steps_all).is_equal(whole):
+        whole = hull
+    return whole.reset_tuple_id()
 
 
 #: a max or min reduction along rows runs its reduction as the vector loop when its

@@ -67,12 +67,12 @@ import islpy as isl
 
 from .. import dtypes as D
 from .. import expr as E
-from ..ir import (QUAD_LANES, Kernel, Statement, access_relation, element_iterators,
+from ..ir import (QUAD_LANES, Kernel, Statement, access_relation, element_iterators, row_dot,
                   quad_dot)
 from ..marks import REGISTER, RegisterMark, register_mark
 from ..options import Options
 from . import machine, tiling
-from .vector import member_iterators, unit_last
+from .vector import member_iterators
 
 SIMD = "simd"
 
@@ -282,6 +282,9 @@ def _quad(s: Statement, kernel: Kernel, lane: str, options: Options) -> bool:
 
 #: dot-product register tiles (rows x columns of accumulators) per vector width in bits
 _DOT_SHAPES = {512: (6, 4), 256: (2, 4), 128: (2, 2)}
+#: a float rows-only dot tile that the C target sums on in-register transposes
+#: (``polyc.ir.row_dot``) takes :data:`MAX_ROWS` rows, whole vectors of them
+ROW_VECTORS = True
 #: architectural vector registers per vector width (AVX-512: 32 zmm; AVX2, SSE: 16)
 _VECTOR_REGISTERS = {512: 32, 256: 16, 128: 16}
 
@@ -332,7 +335,7 @@ def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -
            for a in E.reads(s.value)):
         return None
     walked = [a for a in reads if any(its[r] in E.free_names(ix)[0] for ix in a.indices)]
-    if not walked or not all(unit_last(a, its[r]) for a in walked):
+    if not walked or not all(E.unit_last(a.indices, its[r]) for a in walked):
         return None
 
     def served(i: int) -> set[int]:
@@ -357,6 +360,12 @@ def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -
         mr, nr = fit_registers(shape[0], shape[1] if v is not None else 1)
         mr = max(1, min(mr, ext_u or mr))
         nr = max(1, min(nr, ext_v or nr))
+    elif v is None and ROW_VECTORS and vector_bits() >= 256 and \
+            row_dot(s, kernel, its[u], its[r]) is not None:
+        # rows only, summed on in-register transposes (polyc.codegen.c_family): the
+        # accumulators are vectors of rows, not one register each; whole vectors of
+        # rows, the last tile partial (a 7-row tile of 203 rows took a whole transpose)
+        mr, nr = min(MAX_ROWS, ext_u or MAX_ROWS), 1
     elif v is None and not ext_u:  # rows only, sizes unknown: as many rows as fit
         mr, nr = fit_registers(MAX_ROWS, 1)
     else:

@@ -77,22 +77,6 @@ def best_member(kernel: Kernel, node: isl.ScheduleNode, members) -> tuple[int | 
     return best
 
 
-def unit_last(access: Access | E.Read, it: str) -> bool:
-    """``it`` appears in the last index of ``access`` only, with coefficient 1 (an
-    affine index without ``//`` or ``%``)."""
-    if any(it in E.free_names(ix)[0] for ix in access.indices[:-1]):
-        return False
-    last = access.indices[-1]
-    if not E.is_affine(last) or any(isinstance(x, E.Binary) and x.op in ("//", "%")
-                                    for x in E.walk(last)):
-        return False
-    idx, sizes = E.free_names(last)
-    env = dict.fromkeys(idx | sizes, 0)
-    base = E.evaluate(last, env)
-    env[it] = 1
-    return E.evaluate(last, env) - base == 1
-
-
 # -- vector reductions ----------------------------------------------------------------------
 
 #: the mark of a loop run as an OpenMP SIMD reduction (``polyc.codegen.c_family``)
@@ -126,7 +110,7 @@ def reduction_member(node: isl.ScheduleNode, kernel: Kernel) -> int | None:
     r = reductions[0]
     walked = [a for a in s.reads if a.array != s.write.array
               and any(its[r] in E.free_names(ix)[0] for ix in a.indices)]
-    if not walked or not all(unit_last(a, its[r]) for a in walked):
+    if not walked or not all(E.unit_last(a.indices, its[r]) for a in walked):
         return None
     if any(it is not None and all(_access_score(a, it) == 1 for a in walked)
            for i, it in enumerate(its) if flags[i]):
