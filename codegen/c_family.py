@@ -681,7 +681,10 @@ class _Walker:
         if walked is None:
             return None
         inner_body = body.for_get_body()
-        calls = _user_calls(inner_body)
+        loop = _sum_loop(body, p.stmt)
+        if loop is None:
+            return None
+        iterator, kind, calls = loop
         kinds = {inner_body.get_type()} | ({inner_body.block_get_children().get_at(i).get_type()
                                            for i in range(inner_body.block_get_children()
                                                           .n_ast_node())}
@@ -689,16 +692,9 @@ class _Walker:
                                           else set())
         span = self._isl(p.span[d]).text
         if kinds - {isl.ast_node_type.block, isl.ast_node_type.user} or not span.isdigit() \
-                or len(calls) != int(span) + 1 or len(calls) < 2 or len(calls) > p.box[d] \
-                or any(c.get_op_arg(0).get_id().get_name() != p.stmt for c in calls):
+                or len(calls) != int(span) + 1 or len(calls) < 2 or len(calls) > p.box[d]:
             return None
         cond = body.for_get_cond()
-        kind = cond.get_op_type()
-        iterator = body.for_get_iterator().get_id().get_name()
-        if kind not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) or \
-                cond.get_op_arg(0).get_type() != isl.ast_expr_type.id or \
-                cond.get_op_arg(0).get_id().get_name() != iterator:
-            return None
         var = self.isl_names[iterator] = loop_var(loop_depth(iterator))
         args = [{it: self._isl(c.get_op_arg(i + 1)).text for i, it in enumerate(stmt.iterators)}
                 for c in calls]
@@ -806,17 +802,11 @@ class _Walker:
                 (row is not None and not isinstance(row, E.Index)):
             return None
         quad = quad_dot(stmt, self.kernel, lane.name)
-        users = _user_calls(body.for_get_body())
-        if quad is None or not users or any(
-                u.get_op_arg(0).get_id().get_name() != p.stmt for u in users):
+        loop = _sum_loop(body, p.stmt)
+        if quad is None or loop is None:
             return None
+        iterator, kind, users = loop
         cond = body.for_get_cond()
-        kind = cond.get_op_type()
-        iterator = body.for_get_iterator().get_id().get_name()
-        if kind not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) or \
-                cond.get_op_arg(0).get_type() != isl.ast_expr_type.id or \
-                cond.get_op_arg(0).get_id().get_name() != iterator:
-            return None
         q = reductions[0]
         steps_x = _byte_stride(self.kernel, quad.lanes, q)
         steps_w = _byte_stride(self.kernel, quad.broadcast, q)
@@ -1355,6 +1345,22 @@ def _prepend_in_loop(code: list[cgen.Generable], start: str,
         return g
     out = [walk(g) for g in code]
     return out if found else None
+
+
+def _sum_loop(n: isl.AstNode, stmt: str) -> tuple[str, Any, list[isl.AstExpr]] | None:
+    """The iterator of a register tile's reduction loop ``n``, its condition's operator
+    (``le`` or ``lt``: ``iterator <= bound`` or ``< bound``) and the statement calls
+    below it, all of ``stmt``; None where the loop or its calls are not of that form."""
+    cond = n.for_get_cond()
+    kind = cond.get_op_type()
+    iterator = n.for_get_iterator().get_id().get_name()
+    calls = _user_calls(n.for_get_body())
+    if kind not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) or \
+            cond.get_op_arg(0).get_type() != isl.ast_expr_type.id or \
+            cond.get_op_arg(0).get_id().get_name() != iterator or not calls or \
+            any(c.get_op_arg(0).get_id().get_name() != stmt for c in calls):
+        return None
+    return iterator, kind, calls
 
 
 def _user_calls(n: isl.AstNode) -> list[isl.AstExpr]:
