@@ -360,7 +360,7 @@ def plan_dot(node: isl.ScheduleNode, kernel: Kernel, options: Options, r: int) -
         mr, nr = fit_registers(shape[0], shape[1] if v is not None else 1)
         mr = max(1, min(mr, ext_u or mr))
         nr = max(1, min(nr, ext_v or nr))
-    elif v is None and ROW_VECTORS and vector_bits() >= 256 and \
+    elif v is None and ROW_VECTORS and options.target == "c" and vector_bits() >= 256 and \
             row_dot(s, kernel, its[u], its[r]) is not None:
         # rows only, summed on in-register transposes (polyc.codegen.c_family): the
         # accumulators are vectors of rows, not one register each; whole vectors of
