@@ -668,7 +668,7 @@ class _Walker:
         d = kept[0]
         stmt = self.kernel.statement(p.stmt)
         dtype = self.kernel.array(p.array).dtype
-        if dtype not in ("float32", "float64") or stmt.op != "+" or stmt.write.array != p.array:
+        if stmt.write.array != p.array:  # (row_dot below asks for a float sum)
             return None
         write = stmt.write.indices
         row = write[d]
@@ -685,13 +685,12 @@ class _Walker:
         if loop is None:
             return None
         iterator, kind, calls = loop
-        kinds = {inner_body.get_type()} | ({inner_body.block_get_children().get_at(i).get_type()
-                                           for i in range(inner_body.block_get_children()
-                                                          .n_ast_node())}
-                                          if inner_body.get_type() == isl.ast_node_type.block
-                                          else set())
+        # the body: the rows' statements, unrolled, nothing else (no tests)
+        steps = [inner_body] if inner_body.get_type() != isl.ast_node_type.block else \
+            list(inner_body.block_get_children().get_at(i)
+                 for i in range(inner_body.block_get_children().n_ast_node()))
         span = self._isl(p.span[d]).text
-        if kinds - {isl.ast_node_type.block, isl.ast_node_type.user} or not span.isdigit() \
+        if any(n.get_type() != isl.ast_node_type.user for n in steps) or not span.isdigit() \
                 or len(calls) != int(span) + 1 or len(calls) < 2 or len(calls) > p.box[d]:
             return None
         cond = body.for_get_cond()
@@ -711,7 +710,7 @@ class _Walker:
         rows = len(calls)
         if rows < lanes // 2:
             return None
-        groups = -(-rows // lanes)
+        counts = [min(lanes, rows - g) for g in range(0, rows, lanes)]  # rows per group
         tag = f"{'f32' if dtype == 'float32' else 'f64'}x{lanes}"
         vec, ctype = f"polyc_{tag}", CTYPES[dtype]
         it = self.dialect.index_type
@@ -722,16 +721,14 @@ class _Walker:
         last = len(walked.indices) - 1
         first = at0.expr(walked.indices[last], "int64").text
         code: list[cgen.Generable] = []
-        for g in range(groups):
-            count = min(lanes, rows - g * lanes)
+        for g, count in enumerate(counts):
             code.append(cgen.Statement(f"{vec} polyc_s{g} = {{0}}"))
             code.append(cgen.Statement(f"memcpy(&polyc_s{g}, &polyc_acc[{g * lanes}], "
                                        f"{count} * sizeof({ctype}))"))
         code.append(cgen.Statement(f"{it} {var} = {self._isl(body.for_get_init()).text}"))
         bound = self._isl(cond.get_op_arg(1)).text
         step: list[cgen.Generable] = []
-        for g in range(groups):
-            count = min(lanes, rows - g * lanes)
+        for g, count in enumerate(counts):
             step.append(cgen.Statement(f"{vec} polyc_w{g}[{lanes}]"))
             for r in range(lanes):
                 if r < count:
@@ -752,8 +749,7 @@ class _Walker:
         test = "<=" if kind == isl.ast_expr_op_type.le else "<"
         code.append(cgen.For("", f"{var} {test} ({bound}) - {lanes - 1}", f"{var} += {lanes}",
                              cgen.Block(step)))
-        for g in range(groups):
-            count = min(lanes, rows - g * lanes)
+        for g, count in enumerate(counts):
             code.append(cgen.Statement(f"memcpy(&polyc_acc[{g * lanes}], &polyc_s{g}, "
                                        f"{count} * sizeof({ctype}))"))
         tail = self.node(inner_body, (), in_parallel)

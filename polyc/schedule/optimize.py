@@ -927,8 +927,8 @@ def _whole_steps(steps: isl.ScheduleNode, u: int) -> isl.Set:
     have = isl.Map.from_range(pts).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d + 2)
     # a step's rows are u consecutive values: whole where its first and last both exist
     last = isl.Map(f"{{ [r] -> [r - {u - 1}] }}").align_params(have.get_space())
-    whole = have.intersect(have.apply_range(last)).domain()
-    lacking = have.domain().subtract(whole).project_out(isl.dim_type.set, d + 1, 1)
+    complete = have.intersect(have.apply_range(last)).domain()  # (per vector iteration)
+    lacking = have.domain().subtract(complete).project_out(isl.dim_type.set, d + 1, 1)
     steps_all = have.domain().project_out(isl.dim_type.set, d + 1, 1)
     whole = steps_all.subtract(lacking)
     # the whole steps of a partial last tile come out as a union ("every step, or the
