@@ -8,6 +8,7 @@
                                # build/model.so, .h, .c and .weights (the model's weights)
     polyc compile model.onnx --tune [SECONDS]    # auto-tune each kernel (cached per machine)
     polyc tune model.onnx [--budget SECONDS]     # tune only, a line per kernel
+    polyc machine                                # what polyc reads of this CPU
     polyc compile examples/matmul.tc --target cuda -o build/   # build/matmul.cu, .h, .so (nvcc)
     polyc compile examples/matmul.tc --target cuda --emulate   # the .so built for the CPU emulation
     polyc compile examples/matmul.tc --target cuda --emit cuda  # print the .cu
@@ -100,7 +101,35 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--budget", type=_seconds, default=None,
                    help="seconds of search per kernel (default: polyc.tune.DEFAULT_BUDGET)")
     t.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: runtime's)")
+    sub.add_parser("machine", help="print what polyc reads of this CPU (vector width, "
+                   "caches, threads, the strided-panel probe) and plans with")
     return p
+
+
+def _machine() -> int:
+    """``polyc machine``: the CPU facts the tile, register-tile and packing rules use."""
+    from . import pack
+    from .schedule import machine, register_tile
+    from .codegen.toolchain import host_cpu
+    model = next((ln.split(":", 1)[1].strip() for ln in host_cpu().splitlines()
+                  if ln.startswith("model name")), "unknown")
+    flags = sorted(machine.cpu_flags() & {"avx2", "fma", "avx512f", "avx512_vnni",
+                                          "avx_vnni", "avx512_fp16", "avx512_bf16", "amx_tile"})
+    cost = machine.strided_panel_cost()
+    print(f"cpu: {model}")
+    print(f"vector features: {' '.join(flags) or 'none'}")
+    print(f"vector width: {register_tile.vector_bits()} bits, "
+          f"{register_tile.vector_registers()} registers")
+    print(f"L1d: {machine.l1d_bytes() // 1024} KiB, L2: {machine.l2_bytes() // 1024} KiB "
+          f"(per core)")
+    print(f"threads: {machine.threads()}")
+    for dtype in ("float32", "float64"):
+        shape = register_tile.machine_shape(dtype, Options())
+        print(f"register tile {dtype}: {shape[0]} x {shape[1]}" if shape else
+              f"register tile {dtype}: none")
+    print(f"strided panel cost: {cost:.2f} (packing from "
+          f"{'fewer rows' if cost > pack.STRIDED_PANEL_SLOW else 'the default rows'})")
+    return 0
 
 
 def _seconds(text: str) -> float:
@@ -189,6 +218,8 @@ def _check_onnx(path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "machine":
+            return _machine()
         return _tune(args) if args.command == "tune" else _compile(args)
     except ToolchainError as e:
         print(f"polyc: toolchain error: {e}", file=sys.stderr)

@@ -29,8 +29,11 @@ about 100 to 143 GFLOP/s, 4096 from 71 to 144 (numpy/OpenBLAS: 180-190).
 The copy costs two passes over ``B`` for ``2 * rows`` flops per element of ``B``; it pays
 when many rows reuse each element (:data:`MIN_ROWS`; :data:`MIN_ROWS_SHORT_ROWS` where
 ``B``'s rows are shorter than a page, whose unpacked runs the prefetcher follows) and
-``B`` does not sit in the L2 anyway (:data:`MIN_BYTES_L2_FRACTION`). Only kernels with fixed sizes, for the C target,
-with tiles and register tiles on, without a user schedule and with ``Options.pack``.
+``B`` does not sit in the L2 anyway (:data:`MIN_BYTES_L2_FRACTION`). How many rows
+depends on the CPU: where its prefetchers do not follow a tile's strided runs (a
+probe times them, :func:`machine.strided_panel_cost`), far fewer
+(:data:`STRIDED_PANEL_SLOW`). Only kernels with fixed sizes, for the C target, with
+tiles and register tiles on, without a user schedule and with ``Options.pack``.
 """
 from __future__ import annotations
 
@@ -59,6 +62,17 @@ MIN_BYTES_L2_FRACTION = 2
 MIN_ROWS_SHORT_ROWS = 256
 #: the page size the hardware prefetcher stops at (x86: 4 KB)
 PAGE_BYTES = 4096
+#: a :func:`machine.strided_panel_cost` above this: the CPU's prefetchers do not follow
+#: a register tile's strided runs, and the copy pays from
+#: :data:`SLOW_STRIDES_MIN_ROWS` rows (:data:`SLOW_STRIDES_MIN_ROWS_SHORT` where ``B``'s
+#: rows are shorter than a page) instead. Measured on an Emerald Rapids Xeon (probe:
+#: 1.40-1.48; a Zen 5 EPYC's unpacked tiles ran within 15% of its peak, so its thresholds
+#: above stay), one thread, unpacked against packed GFLOP/s, A/B in one process:
+#: 16x1024x2048 34/42, 24x1024x2048 33/56, 64x1024x2048 34/78; short rows 16x784x512
+#: 64/46, 32x784x512 77/77, 48x784x512 47/67, 64x784x512 55/83, 128x3072x768 62/80
+STRIDED_PANEL_SLOW = 1.25
+SLOW_STRIDES_MIN_ROWS = 16
+SLOW_STRIDES_MIN_ROWS_SHORT = 48
 #: compute a contraction's row factor apart (:func:`hoist_row_factors`)
 HOIST_ROW_FACTORS = True
 #: rows that must reuse an operand packed transposed (its alternative is a scalar sum,
@@ -279,8 +293,11 @@ def _worth(kernel: Kernel, s: Statement, b: str, reads: list[E.Read], n: str, p:
             and rows >= MIN_ROWS_TRANSPOSED
     nbytes = D.itemsize(arr.dtype) * math.prod(E.evaluate(x, sizes) for x in arr.shape)
     short = D.itemsize(arr.dtype) * E.evaluate(arr.shape[p], sizes) < PAGE_BYTES
-    return rows >= (MIN_ROWS_SHORT_ROWS if short else MIN_ROWS) \
-        and nbytes * MIN_BYTES_L2_FRACTION >= l2
+    if machine.strided_panel_cost() > STRIDED_PANEL_SLOW:
+        least = SLOW_STRIDES_MIN_ROWS_SHORT if short else SLOW_STRIDES_MIN_ROWS
+    else:
+        least = MIN_ROWS_SHORT_ROWS if short else MIN_ROWS
+    return rows >= least and nbytes * MIN_BYTES_L2_FRACTION >= l2
 
 
 def _position(r: E.Read, n: str) -> int | None:

@@ -14,6 +14,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "examples"))
 os.environ.setdefault("POLYC_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), ".polyc_cache"))
+# the code the tests compile does not hang on how this machine's prefetchers time a probe
+# (polyc.schedule.machine.strided_panel_cost); the probe's own tests set it themselves
+os.environ.setdefault("POLYC_STRIDED_PANEL_COST", "1")
 
 
 def _on_gpu() -> None:

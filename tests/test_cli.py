@@ -49,6 +49,25 @@ def test_no_command_is_a_usage_error():
     assert done.returncode == 2 and "usage" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_machine_prints_what_polyc_plans_with():
+    """``polyc machine``: the caches and vector width the rules read, the register tiles
+    they give, and the strided-panel probe (the environment's value here: conftest)."""
+    from polyc.schedule import machine, register_tile
+    done = polyc("machine")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert f"L1d: {machine.l1d_bytes() // 1024} KiB" in out
+    assert f"L2: {machine.l2_bytes() // 1024} KiB" in out
+    assert f"vector width: {register_tile.vector_bits()} bits" in out
+    shape = register_tile.machine_shape("float32", __import__("polyc").Options())
+    assert f"register tile float32: {shape[0]} x {shape[1]}" in out
+    assert "strided panel cost: 1.00 (packing from the default rows)" in out
+    slow = subprocess.run([sys.executable, "-m", "polyc", "machine"], capture_output=True,
+                          text=True, timeout=300, check=False,
+                          env={**os.environ, "POLYC_STRIDED_PANEL_COST": "1.6"})
+    assert "strided panel cost: 1.60 (packing from fewer rows)" in slow.stdout, slow.stderr
+
+
 MAIN_C = r"""
 #include <math.h>
 #include <stdio.h>

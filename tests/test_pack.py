@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -234,6 +235,64 @@ def test_thresholds_and_options(monkeypatch):
     op = polyc.define(MATMUL)
     op(a, b)
     assert not _packed(op)
+
+
+def test_thresholds_where_strided_runs_are_slow(monkeypatch):
+    """Where the probe says the prefetchers do not follow a tile's strided runs, the copy
+    pays from far fewer rows: :data:`pack.SLOW_STRIDES_MIN_ROWS` (long rows of ``B``),
+    :data:`pack.SLOW_STRIDES_MIN_ROWS_SHORT` (rows shorter than a page)."""
+    from polyc.schedule import machine
+    a, b = random_inputs([((20, 30), "float32"), ((30, 200), "float32")], 0)
+    monkeypatch.setattr(pack, "MIN_BYTES_L2_FRACTION", 1 << 30)
+    monkeypatch.setattr(pack, "MIN_ROWS", 8)
+    monkeypatch.setattr(pack, "MIN_ROWS_SHORT_ROWS", 8)
+    monkeypatch.setattr(pack, "SLOW_STRIDES_MIN_ROWS", 21)
+    monkeypatch.setattr(pack, "SLOW_STRIDES_MIN_ROWS_SHORT", 21)
+    for cost, packed in ((1.0, True), (pack.STRIDED_PANEL_SLOW, True), (1.5, False)):
+        monkeypatch.setattr(machine, "strided_panel_cost", lambda c=cost: c)
+        op = polyc.define(MATMUL)
+        assert_matches_numpy(op(a, b), a @ b, **TOL)
+        assert _packed(op) == packed, cost  # 20 rows: the slow-strides threshold is 21
+    monkeypatch.setattr(pack, "SLOW_STRIDES_MIN_ROWS_SHORT", 20)
+    op = polyc.define(MATMUL)
+    assert_matches_numpy(op(a, b), a @ b, **TOL)
+    assert _packed(op)  # B's rows (800 bytes) are short: 20 rows are enough
+    monkeypatch.setattr(pack, "SLOW_STRIDES_MIN_ROWS_SHORT", 21)
+    monkeypatch.setattr(pack, "PAGE_BYTES", 800)
+    monkeypatch.setattr(pack, "SLOW_STRIDES_MIN_ROWS", 20)
+    op = polyc.define(MATMUL)
+    assert_matches_numpy(op(a, b), a @ b, **TOL)
+    assert _packed(op)  # long rows now: their threshold (20) holds
+
+
+def test_strided_panel_probe(monkeypatch, tmp_path):
+    """The probe builds and runs (a positive time ratio), is kept per CPU in the cache
+    directory and read back from there, gives way to ``POLYC_STRIDED_PANEL_COST``, and
+    says 1.0 (the old thresholds) where it cannot run."""
+    from polyc.schedule import machine
+    if shutil.which(os.environ.get("POLYC_CC", "gcc")) is None:
+        pytest.skip("no C compiler")
+    cost = machine._run_probe()
+    assert cost is not None and 0.2 < cost < 20
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("POLYC_STRIDED_PANEL_COST", raising=False)
+    monkeypatch.setattr(machine, "_run_probe", lambda: 1.7)
+    machine.strided_panel_cost.cache_clear()
+    try:
+        assert machine.strided_panel_cost() == 1.7
+        assert os.path.isfile(machine._probe_path())
+        assert machine._probe_path().startswith(str(tmp_path))
+        monkeypatch.setattr(machine, "_run_probe", lambda: None)
+        machine.strided_panel_cost.cache_clear()
+        assert machine.strided_panel_cost() == 1.7  # from the cache file
+        os.remove(machine._probe_path())
+        machine.strided_panel_cost.cache_clear()
+        assert machine.strided_panel_cost() == 1.0  # no probe, no file
+        monkeypatch.setenv("POLYC_STRIDED_PANEL_COST", "2.5")
+        machine.strided_panel_cost.cache_clear()
+        assert machine.strided_panel_cost() == 2.5
+    finally:
+        machine.strided_panel_cost.cache_clear()
 
 
 def test_cuda_target_not_packed(small_thresholds):

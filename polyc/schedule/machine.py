@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
+import subprocess
+import tempfile
 
 #: assumed when /sys does not say (common L2 and L1 data sizes per core)
 DEFAULT_L2_BYTES = 1 << 20
@@ -97,3 +101,121 @@ def threads(requested: int | None = None) -> int:
     if env.isdigit() and int(env) > 0:
         return int(env)
     return _CPUS
+
+
+#: the C program behind :func:`strided_panel_cost`: one float register tile (6 rows x 64
+#: columns, a K of 768) swept over weight panels that are short rows of a wider matrix
+#: (2 KB apart, as ``B(k, n)`` of a 768 x 512 matmul operand) and over the same panel
+#: packed contiguously; it prints the best time of the first over the best of the second
+_PROBE_C = r"""
+#define _POSIX_C_SOURCE 200112L
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#define K 768
+#define NR 64
+#define MR 6
+#define WIDE 512
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+                          return t.tv_sec + t.tv_nsec * 1e-9; }
+__attribute__((noinline)) static void tile(const float *restrict a, const float *restrict b,
+                                           long stride, float *restrict c) {
+  float acc[MR][NR] __attribute__((aligned(64))) = {{0}};
+  for (long k = 0; k < K; k++)
+    for (int r = 0; r < MR; r++)
+      for (int j = 0; j < NR; j++) acc[r][j] += a[r * K + k] * b[k * stride + j];
+  for (int r = 0; r < MR; r++) for (int j = 0; j < NR; j++) c[r * NR + j] += acc[r][j];
+}
+int main(void) {
+  float *b = aligned_alloc(64, sizeof(float) * K * WIDE);
+  float *p = aligned_alloc(64, sizeof(float) * K * WIDE);
+  float *a = aligned_alloc(64, sizeof(float) * MR * K * 8);
+  static float c[MR * NR];
+  if (!a || !b || !p) return 1;
+  for (long i = 0; i < (long)K * WIDE; i++) b[i] = 1e-3f * (float)(i % 7);
+  for (long nb = 0; nb < WIDE / NR; nb++)  /* the same values, panel after panel */
+    for (long i = 0; i < (long)K * NR; i++) p[nb * K * NR + i] = b[(i / NR) * WIDE + nb * NR + i % NR];
+  for (long i = 0; i < (long)MR * K * 8; i++) a[i] = 1e-3f * (float)(i % 5);
+  double best[2] = {1e30, 1e30};
+  for (int rep = 0; rep < 15; rep++)
+    for (int v = 0; v < 2; v++) {
+      double t = now();
+      for (int nb = 0; nb < WIDE / NR; nb++)
+        for (int rt = 0; rt < 8; rt++)
+          tile(a + rt * MR * K, v ? p + (long)nb * K * NR : b + nb * NR, v ? NR : WIDE, c);
+      t = now() - t;
+      if (t < best[v]) best[v] = t;
+    }
+  printf("%.4f %g\n", best[0] / best[1], (double)c[5]);
+  return 0;
+}
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def strided_panel_cost() -> float:
+    """How many times longer a float register tile takes when its weight panel is short
+    rows of a wider matrix (2 KB apart: shorter than a page) than when the same panel
+    is one contiguous run. Near 1 where the hardware prefetchers follow such strided
+    runs within a page; well above it where they do not, and packing the operand
+    (:mod:`polyc.pack`) pays at fewer rows of reuse.
+
+    Measured once per CPU by a small C program (:data:`_PROBE_C`, built with
+    ``POLYC_CC`` or gcc, ``-O3 -march=native``, best of 15 runs of each), and kept in
+    ``<POLYC_CACHE_DIR>/machine/<cpu>.json``; ``POLYC_STRIDED_PANEL_COST`` overrides it.
+    1.0 (the prefetchers assumed to follow) where the program cannot be built or run."""
+    env = os.environ.get("POLYC_STRIDED_PANEL_COST", "").strip()
+    try:
+        if env and float(env) > 0:
+            return float(env)
+    except ValueError:
+        pass
+    path = _probe_path()
+    try:
+        with open(path) as f:
+            cached = json.load(f).get("strided_panel_cost")
+        if isinstance(cached, (int, float)) and cached > 0:
+            return float(cached)
+    except (OSError, ValueError, AttributeError):
+        pass
+    cost = _run_probe()
+    if cost is None:
+        return 1.0
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False,
+                                         suffix=".tmp") as f:
+            json.dump({"strided_panel_cost": cost}, f)
+        os.replace(f.name, path)
+    except OSError:
+        pass
+    return cost
+
+
+def _probe_path() -> str:
+    cache = os.environ.get("POLYC_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "polyc")
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = "".join(sorted({ln for ln in f if ln.startswith(("model name", "flags"))}))
+    except OSError:
+        cpu = ""
+    return os.path.join(cache, "machine", hashlib.sha256(cpu.encode()).hexdigest()[:16]
+                        + ".json")
+
+
+def _run_probe() -> float | None:
+    cc = os.environ.get("POLYC_CC", "gcc")
+    with tempfile.TemporaryDirectory(prefix="polyc-probe-") as tmp:
+        src, exe = os.path.join(tmp, "probe.c"), os.path.join(tmp, "probe")
+        with open(src, "w") as f:
+            f.write(_PROBE_C)
+        try:
+            subprocess.run([cc, "-O3", "-march=native", "-ffp-contract=fast", "-std=c11",
+                            "-o", exe, src], check=True, capture_output=True, timeout=120)
+            out = subprocess.run([exe], check=True, capture_output=True, text=True,
+                                 timeout=120).stdout.split()
+            cost = float(out[0])
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            return None
+    return cost if cost > 0 else None
