@@ -193,8 +193,8 @@ def strided_panel_cost() -> float:
 
 
 def _probe_path() -> str:
-    cache = os.environ.get("POLYC_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "polyc")
+    from ..options import Options  # (its default cache directory: POLYC_CACHE_DIR's)
+    cache = Options().cache_dir
     try:
         with open("/proc/cpuinfo") as f:
             cpu = "".join(sorted({ln for ln in f if ln.startswith(("model name", "flags"))}))
