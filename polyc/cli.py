@@ -110,8 +110,7 @@ def _machine() -> int:
     """``polyc machine``: the CPU facts the tile, register-tile and packing rules use."""
     from . import pack
     from .schedule import machine, register_tile
-    from .codegen.toolchain import host_cpu
-    model = next((ln.split(":", 1)[1].strip() for ln in host_cpu().splitlines()
+    model = next((ln.split(":", 1)[1].strip() for ln in machine.cpu_description().splitlines()
                   if ln.startswith("model name")), "unknown")
     flags = sorted(machine.cpu_flags() & {"avx2", "fma", "avx512f", "avx512_vnni",
                                           "avx_vnni", "avx512_fp16", "avx512_bf16", "amx_tile"})

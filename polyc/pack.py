@@ -293,11 +293,11 @@ def _worth(kernel: Kernel, s: Statement, b: str, reads: list[E.Read], n: str, p:
             and rows >= MIN_ROWS_TRANSPOSED
     nbytes = D.itemsize(arr.dtype) * math.prod(E.evaluate(x, sizes) for x in arr.shape)
     short = D.itemsize(arr.dtype) * E.evaluate(arr.shape[p], sizes) < PAGE_BYTES
+    if nbytes * MIN_BYTES_L2_FRACTION < l2:
+        return False  # (before the probe: a small operand needs no measurement)
     if machine.strided_panel_cost() > STRIDED_PANEL_SLOW:
-        least = SLOW_STRIDES_MIN_ROWS_SHORT if short else SLOW_STRIDES_MIN_ROWS
-    else:
-        least = MIN_ROWS_SHORT_ROWS if short else MIN_ROWS
-    return rows >= least and nbytes * MIN_BYTES_L2_FRACTION >= l2
+        return rows >= (SLOW_STRIDES_MIN_ROWS_SHORT if short else SLOW_STRIDES_MIN_ROWS)
+    return rows >= (MIN_ROWS_SHORT_ROWS if short else MIN_ROWS)
 
 
 def _position(r: E.Read, n: str) -> int | None:

@@ -51,6 +51,7 @@ from .errors import PolycWarning
 from .ir import Kernel
 from .codegen.toolchain import restore_cpus
 from .options import Options
+from .schedule import machine
 from .schedule.tiling import box_volume
 
 #: seconds of search per kernel for ``Options(tune=True)``
@@ -172,14 +173,8 @@ def skip_reason(kernel: Kernel, options: Options, min_work: int | None = None) -
 
 # -- the cache ---------------------------------------------------------------------------
 
-def machine_key() -> str:
-    """The CPU model and features (as the build cache keys them), hashed."""
-    from .codegen.toolchain import host_cpu
-    return hashlib.sha256(host_cpu().encode()).hexdigest()[:16]
-
-
 def cache_path(options: Options) -> str:
-    return os.path.join(options.cache_dir, "tuning", machine_key() + ".json")
+    return os.path.join(options.cache_dir, "tuning", machine.cpu_key() + ".json")
 
 
 def thread_count(options: Options) -> int:
@@ -234,8 +229,8 @@ def store(kernel: Kernel, options: Options, entry: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     entries = load_cache(path)
     entries[entry_key(kernel, options)] = entry
-    from .codegen.toolchain import host_cpu
-    data = {"format": FORMAT, "machine": host_cpu().splitlines()[0] if host_cpu() else "",
+    cpu = machine.cpu_description()
+    data = {"format": FORMAT, "machine": cpu.splitlines()[0] if cpu else "",
             "entries": entries}
     fd, tmp = tempfile.mkstemp(prefix="tuning.", suffix=".tmp", dir=os.path.dirname(path))
     try:

@@ -5,6 +5,7 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import subprocess
 import tempfile
 
@@ -63,6 +64,24 @@ def cpu_flags() -> frozenset[str]:
                                    if ln.startswith("flags")), []))
     except OSError:
         return frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_description() -> str:
+    """The CPU model and feature flags (``/proc/cpuinfo``'s ``model name`` and ``flags``
+    lines): what tells one CPU's ``-march=native`` builds, tuning and probes from
+    another's."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def cpu_key() -> str:
+    """:func:`cpu_description` hashed: the name of this CPU's files in the cache."""
+    return hashlib.sha256(cpu_description().encode()).hexdigest()[:16]
 
 
 def has_integer_dot() -> bool:
@@ -181,12 +200,10 @@ def strided_panel_cost() -> float:
     cost = _run_probe()
     if cost is None:
         return 1.0
-    try:
+    try:  # (a reader that finds the file half written runs the probe itself)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False,
-                                         suffix=".tmp") as f:
+        with open(path, "w") as f:
             json.dump({"strided_panel_cost": cost}, f)
-        os.replace(f.name, path)
     except OSError:
         pass
     return cost
@@ -194,14 +211,7 @@ def strided_panel_cost() -> float:
 
 def _probe_path() -> str:
     from ..options import Options  # (its default cache directory: POLYC_CACHE_DIR's)
-    cache = Options().cache_dir
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = "".join(sorted({ln for ln in f if ln.startswith(("model name", "flags"))}))
-    except OSError:
-        cpu = ""
-    return os.path.join(cache, "machine", hashlib.sha256(cpu.encode()).hexdigest()[:16]
-                        + ".json")
+    return os.path.join(Options().cache_dir, "machine", cpu_key() + ".json")
 
 
 def _run_probe() -> float | None:
