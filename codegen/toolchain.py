@@ -19,6 +19,7 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -29,7 +30,6 @@ from typing import TypeVar
 
 from polyc.errors import ToolchainError
 from polyc.options import Options
-from polyc.schedule import machine
 
 from .c_family import CSource
 
@@ -96,9 +96,20 @@ def compiler_version(cc: str) -> str:
     return done.stdout.strip()
 
 
+@functools.cache
+def host_cpu() -> str:
+    """The CPU model and feature flags: ``-march=native`` builds differ between CPUs."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
 def cache_key(text: str, options: Options) -> str:
     payload = [text, compiler_flags(options), list(LIBS), compiler_version(options.cc),
-               machine.cpu_description()]  # (-march=native builds differ between CPUs)
+               host_cpu()]
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
 
