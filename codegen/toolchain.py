@@ -19,7 +19,6 @@ import functools
 import hashlib
 import json
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -29,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from polyc.errors import ToolchainError
+from polyc.host import cpu_description
 from polyc.options import Options
 
 from .c_family import CSource
@@ -96,20 +96,9 @@ def compiler_version(cc: str) -> str:
     return done.stdout.strip()
 
 
-@functools.cache
-def host_cpu() -> str:
-    """The CPU model and feature flags: ``-march=native`` builds differ between CPUs."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
 def cache_key(text: str, options: Options) -> str:
     payload = [text, compiler_flags(options), list(LIBS), compiler_version(options.cc),
-               host_cpu()]
+               cpu_description()]
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
 

@@ -13,7 +13,7 @@
     ``polyc.limits``, ``polyc.program`` and the IR-to-IR pass ``polyc.inline`` from polyc
     (plus its own package, the standard library, numpy and islpy);
   - ``codegen/`` uses only ``polyc.ir``, ``polyc.expr``, ``polyc.dtypes``, ``polyc.errors``,
-    ``polyc.limits``, ``polyc.options`` (plus its own package, the standard library,
+    ``polyc.limits``, ``polyc.options``, ``polyc.host`` (plus its own package, the standard library,
     numpy, islpy, cgen).
 """
 from __future__ import annotations
@@ -168,7 +168,7 @@ ALLOWED_CORE = {"frontend": {"polyc.ir", "polyc.expr", "polyc.dtypes", "polyc.er
                              "polyc.guards", "polyc.rewrite"},
                 "codegen": {"polyc.ir", "polyc.expr", "polyc.dtypes", "polyc.errors",
                             "polyc.options", "polyc.program", "polyc.limits",
-                            "polyc.marks"}}
+                            "polyc.marks", "polyc.host"}}
 WIRING = {"polyc.pipeline", "polyc.api", "polyc.cli", "polyc", "polyc.__main__", "polyc.model",
           "polyc.backend", "polyc.tune", "polyc.compare", "polyc.search", "polyc.plot"}
 LAYERS = ("polyc.frontend", "polyc.codegen")

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
-import platform
 import subprocess
 import tempfile
+
+from ..host import cpu_description, cpu_flags, cpu_key  # noqa: F401 (re-exported)
 
 #: assumed when /sys does not say (common L2 and L1 data sizes per core)
 DEFAULT_L2_BYTES = 1 << 20
@@ -53,35 +53,6 @@ def _cache_bytes(variable: str, level: str, types: tuple[str, ...], default: int
         if found == level and size and (kind in types or level == "2"):
             return size
     return default
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The feature flags of this CPU (``/proc/cpuinfo``; empty where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(next((ln.split(":", 1)[1].split() for ln in f
-                                   if ln.startswith("flags")), []))
-    except OSError:
-        return frozenset()
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_description() -> str:
-    """The CPU model and feature flags (``/proc/cpuinfo``'s ``model name`` and ``flags``
-    lines): what tells one CPU's ``-march=native`` builds, tuning and probes from
-    another's."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
-def cpu_key() -> str:
-    """:func:`cpu_description` hashed: the name of this CPU's files in the cache."""
-    return hashlib.sha256(cpu_description().encode()).hexdigest()[:16]
 
 
 def has_integer_dot() -> bool:
