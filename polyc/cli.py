@@ -108,12 +108,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _machine() -> int:
     """``polyc machine``: the CPU facts the tile, register-tile and packing rules use."""
-    from . import pack
+    from . import host, pack
     from .schedule import machine, register_tile
-    model = next((ln.split(":", 1)[1].strip() for ln in machine.cpu_description().splitlines()
+    model = next((ln.split(":", 1)[1].strip() for ln in host.cpu_description().splitlines()
                   if ln.startswith("model name")), "unknown")
-    flags = sorted(machine.cpu_flags() & {"avx2", "fma", "avx512f", "avx512_vnni",
-                                          "avx_vnni", "avx512_fp16", "avx512_bf16", "amx_tile"})
+    flags = sorted(host.cpu_flags() & {"avx2", "fma", "avx512f", "avx512_vnni",
+                                       "avx_vnni", "avx512_fp16", "avx512_bf16", "amx_tile"})
     cost = machine.strided_panel_cost()
     print(f"cpu: {model}")
     print(f"vector features: {' '.join(flags) or 'none'}")

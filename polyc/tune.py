@@ -51,7 +51,7 @@ from .errors import PolycWarning
 from .ir import Kernel
 from .codegen.toolchain import restore_cpus
 from .options import Options
-from .schedule import machine
+from . import host
 from .schedule.tiling import box_volume
 
 #: seconds of search per kernel for ``Options(tune=True)``
@@ -174,7 +174,7 @@ def skip_reason(kernel: Kernel, options: Options, min_work: int | None = None) -
 # -- the cache ---------------------------------------------------------------------------
 
 def cache_path(options: Options) -> str:
-    return os.path.join(options.cache_dir, "tuning", machine.cpu_key() + ".json")
+    return os.path.join(options.cache_dir, "tuning", host.cpu_key() + ".json")
 
 
 def thread_count(options: Options) -> int:
@@ -229,7 +229,7 @@ def store(kernel: Kernel, options: Options, entry: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     entries = load_cache(path)
     entries[entry_key(kernel, options)] = entry
-    cpu = machine.cpu_description()
+    cpu = host.cpu_description()
     data = {"format": FORMAT, "machine": cpu.splitlines()[0] if cpu else "",
             "entries": entries}
     fd, tmp = tempfile.mkstemp(prefix="tuning.", suffix=".tmp", dir=os.path.dirname(path))

@@ -7,7 +7,7 @@ import os
 import subprocess
 import tempfile
 
-from ..host import cpu_description, cpu_flags, cpu_key  # noqa: F401 (re-exported)
+from ..host import cpu_flags, cpu_key
 
 #: assumed when /sys does not say (common L2 and L1 data sizes per core)
 DEFAULT_L2_BYTES = 1 << 20

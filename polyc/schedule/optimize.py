@@ -491,9 +491,9 @@ def _panels_inside_rows(node: isl.ScheduleNode, sizes: list[int], kernel: Kernel
     """The band, its sizes and plan with the panel's other members (:func:`_panel_members`:
     the weight blocks ``mb`` of a channel-last conv) moved just inside the register
     tile's rows, when each is whole in a cache tile and the whole panel they span fits
-    in half the L1 data cache: each row strip then meets every column block while it is
-    in L1, and each pixel's output channels are written together instead of in one pass
-    per block. MobileNetV2's 112x112 16 -> 96 1x1 conv (three 32-channel blocks of a
+    in an eighth of the L2 (:data:`INSIDE_ROWS_PANEL_BYTES` overrides it): each row strip
+    then meets every column block while it is in L1, and each pixel's output channels are
+    written together instead of in one pass per block. MobileNetV2's 112x112 16 -> 96 1x1 conv (three 32-channel blocks of a
     6 KB panel) took 0.68 ms with the blocks outside the rows, 0.60 ms inside. Panels
     up to an eighth of the L2 pay too, although they stream from the L2 instead of
     staying in L1: ResNet-50's 56x56 1x1 convs (64 KB and 128 KB panels, K of 64 and
