@@ -413,9 +413,15 @@ def quantize_qdq(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]],
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
-                        threads: int = 1) -> list[np.ndarray]:
+                        threads: int = 1, optimize: bool = True) -> list[np.ndarray]:
+    """onnxruntime's outputs; with ``optimize=False`` its graph is run node by node as
+    written (a QDQ model's convolutions in float between its Quantize/DequantizeLinear
+    nodes: exact, where onnxruntime's fused uint8 kernels without VNNI saturate their
+    16-bit pair sums, as on AVX2)."""
     import onnxruntime as ort
     opts = ort.SessionOptions()
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3

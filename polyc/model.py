@@ -267,7 +267,7 @@ def schedule_function(options: Options, progress: bool = False) -> Callable[[Ker
             opts = dataclasses.replace(opts, parallel=False)
         if opts.schedule is None:  # as schedule_kernel does: the schedule is of this kernel
             kernel = pipeline.prepare_kernel(kernel, opts)
-        key = (kernel_key(kernel), opts)
+        key = (kernel_key(kernel), opts, _machine_facts())
         with _SCHEDULES_LOCK:
             found = _SCHEDULES.get(key)
         if found is None:
@@ -299,7 +299,18 @@ def _too_small_for_threads(kernel: Kernel, options: Options) -> bool:
     return n is not None and n[0] < SERIAL_REDUCTIONS and n[1] < SERIAL_ELEMENTS
 
 
-_SCHEDULES: dict[tuple[str, Options], Any] = {}
+def _machine_facts() -> tuple:
+    """What the scheduler reads of the machine (vector unit, caches, dot products): part
+    of a cached schedule's key, so that a model compiled under another machine model
+    (a test's, an A/B script's) does not reuse one made for this CPU. (The strided-panel
+    probe is not read here: it runs only where a pack needs it.)"""
+    from .schedule import machine, register_tile
+    return (register_tile.vector_bits(), register_tile.vector_registers(),
+            machine.l1d_bytes(), machine.l2_bytes(), machine.has_integer_dot(),
+            machine.has_vnni512())
+
+
+_SCHEDULES: dict[tuple[str, Options, tuple], Any] = {}
 _SCHEDULES_LOCK = threading.Lock()
 _SCHEDULES_MAX = 4096
 

@@ -107,6 +107,18 @@ def tmp_cache(tmp_path):
 
 
 @pytest.fixture
+def avx512_model(monkeypatch):
+    """The scheduler's machine model of an AVX-512 CPU (32 vector registers of 512 bits)
+    whatever CPU runs the tests: for tests of schedule shapes that the register tile's
+    width decides (a 64-column tile is one 64-channel weight block; on AVX2 a tile is 16
+    columns). The C still builds for this CPU and must still be right: code written for
+    512-bit vectors keeps its portable form where the CPU has no AVX-512."""
+    from polyc.schedule import register_tile
+    monkeypatch.setattr(register_tile, "vector_bits", lambda: 512)
+    monkeypatch.setattr(register_tile, "vector_registers", lambda: 32)
+
+
+@pytest.fixture
 def tiny_l2(monkeypatch):
     """An L2 of 256 bytes (``POLYC_L2_BYTES``): small kernels take the fused path
     (:mod:`polyc.schedule.fuse`)."""

@@ -329,7 +329,7 @@ def test_machine_shape_fits_the_registers():
     assert mr * nv + nv + 1 <= register_tile.vector_registers() < (mr + 1) * nv + nv + 1
 
 
-def test_panel_fits_l2_and_matmul_keeps_its_tiles(monkeypatch):
+def test_panel_fits_l2_and_matmul_keeps_its_tiles(monkeypatch, avx512_model):
     monkeypatch.setattr(optimize.machine, "l2_bytes", lambda: 1 << 20)
     mm = from_tc("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
     s = pipeline.schedule_kernel(mm.specialize(dict(M=1024, K=1024, N=1024)),
@@ -857,7 +857,7 @@ def test_pointwise_conv_split_by_rows_is_correct(threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_small_panel_blocks_run_inside_the_rows(threads, tmp_cache, monkeypatch):
+def test_small_panel_blocks_run_inside_the_rows(threads, tmp_cache, monkeypatch, avx512_model):
     """A 1x1 conv over 16 channels into 144 (three 48-channel weight blocks, a 9 KB panel)
     runs its blocks inside the register tile's rows (``_panels_inside_rows``): each
     pixel's 144 outputs are written together. The copy-out then writes runs of 144
@@ -883,7 +883,8 @@ def test_small_panel_blocks_run_inside_the_rows(threads, tmp_cache, monkeypatch)
 
 
 @pytest.mark.parametrize("l2_kb", [256, 1024])
-def test_panels_up_to_an_eighth_of_the_l2_run_inside_the_rows(l2_kb, tmp_cache, monkeypatch):
+def test_panels_up_to_an_eighth_of_the_l2_run_inside_the_rows(l2_kb, tmp_cache, monkeypatch,
+                                                            avx512_model):
     """A 1x1 conv over 64 channels into 256 with a residual add (ResNet-50's 56x56
     expansion, smaller): its four weight blocks make a 64 KB panel, past the L1 but
     within an eighth of a 1 MB L2, so the blocks run inside the rows there, and outside

@@ -31,6 +31,27 @@ def _array(x):
     return x if isinstance(x, (np.ndarray, np.generic)) else numpy_helper.to_array(x)
 
 
+def _defined(case, inputs, want) -> np.ndarray | bool:
+    """Where the expected output of ``case`` is defined: everywhere, except that a Cast
+    (or CastLike) of floats to integers leaves an input outside the integer type's range
+    undefined (the operator's spec: "fixed point: undefined if OOR"). onnx's expected
+    outputs there are whatever its converter gives: ml_dtypes 0.7 turns -9.0 into 0 as
+    an int4, where C's conversion wraps it to 7."""
+    node = case.model.graph.node
+    if len(node) != 1 or node[0].op_type not in ("Cast", "CastLike"):
+        return True
+    x = _array(inputs[0])
+    if not x.dtype.name.startswith(("float", "bfloat")):
+        return True
+    import ml_dtypes
+    try:
+        info = ml_dtypes.iinfo(want.dtype)  # (int4, uint2, ... and numpy's own)
+    except (ValueError, TypeError):
+        return True  # not an integer type
+    t = np.trunc(x.astype(np.float64))
+    return (t >= int(info.min)) & (t <= int(info.max))
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_node_case(case):
     from polyc import backend
@@ -71,4 +92,5 @@ def test_node_case(case):
                     atol = max(atol, float(np.finfo(np.float32).eps * np.abs(w).max()))
                 np.testing.assert_allclose(g, w, rtol=case.rtol, atol=atol)
             else:
-                np.testing.assert_array_equal(g, w)
+                keep = _defined(case, inputs, w)
+                np.testing.assert_array_equal(g[keep], w[keep])

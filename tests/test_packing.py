@@ -110,7 +110,7 @@ def test_explicit_tiles_and_parametric_kernels_keep_their_rows():
     assert _row_block(par) == 32
 
 
-def test_near_tie_keeps_the_row_split(monkeypatch):
+def test_near_tie_keeps_the_row_split(monkeypatch, avx512_model):
     """1000 x 1000 x 1000 on 2 threads: a row split leaves each thread all of the packed
     ``B`` (16 blocks of 64 columns: 2.4% more bytes than ``A``), a split of the column
     blocks all of ``A``. Within :data:`optimize.SHARED_SLACK` that is a tie, and the
