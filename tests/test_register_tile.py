@@ -303,7 +303,7 @@ def test_row_sums_on_the_cuda_target():
     np.testing.assert_allclose(op(x), want, rtol=1e-5, atol=1e-4)
 
 
-def test_register_tile_prefetches_the_next_weight_panel():
+def test_register_tile_prefetches_the_next_weight_panel(avx512_model):
     """A float register tile over blocked weights ``W(nb, k, ni)`` that sums its whole
     reduction prefetches, at each step, a line of the next block's panel (``K * NI``
     elements on); one whose reduction is cut into chunks, a line of its next chunk
@@ -332,7 +332,7 @@ def blocked(float(M,K) A, float(NB,K,NI) W) -> (Y) {
     assert "__builtin_prefetch" not in gpu.cuda_source
 
 
-def test_chunk_of_several_runs_prefetches_each_run_of_the_next_chunk():
+def test_chunk_of_several_runs_prefetches_each_run_of_the_next_chunk(avx512_model):
     """A tile over the taps ``t`` and one chunk of ``k`` of ``W(nb, t, k, ni)`` (a 3x3
     conv's weights chunked along its input channels) reads three runs of the chunk,
     ``K * NI`` elements apart: its prefetch finds a line's run (``line / 128``) and its
