@@ -50,6 +50,14 @@ def test_balanced_rows(extent, budget, threads, mr, rows):
     assert cache_blocks.balanced_rows(extent, budget, threads, mr) == rows
 
 
+def test_rows_of_unequal_work_take_several_blocks_a_thread():
+    """A triangle's rows (unequal work) take at least 4 blocks a thread: syrk's 301 rows
+    at 2 threads 42 rows a block (8 blocks), not two halves of 154."""
+    assert cache_blocks.balanced_rows(301, 337, 2, 7) == 154
+    assert cache_blocks.balanced_rows(301, 337, 2, 7, per_thread=4) == 42
+    assert cache_blocks.balanced_rows(2048, 256, 2, 8, per_thread=4) == 256  # (already 4)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 7, 7), (37, 37, 37), (130, 130, 130),
                                    (300, 300, 300), (300, 37, 513), (517, 300, 70)])
@@ -117,7 +125,8 @@ def test_near_tie_keeps_the_row_split(monkeypatch, avx512_model):
     threads split the rows (each reuses its ``A`` block over every column block; matmul
     3000 by column blocks streamed ``A`` once per block); with no slack, the column
     blocks. Both right."""
-    from polyc.schedule import optimize
+    from polyc.schedule import machine, optimize
+    monkeypatch.setattr(machine, "l2_bytes", lambda: 1 << 20)  # (the tiles of a 1 MB L2)
     shapes = [(1000, 1000), (1000, 1000)]
 
     def parallel_loops(op):
