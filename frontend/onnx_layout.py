@@ -142,11 +142,11 @@ def wants_nhwc(node: Node, graph: Graph) -> str | None:
     return None
 
 
-def nhwc_weights(w: np.ndarray, kind: str) -> np.ndarray:
+def nhwc_weights(w: np.ndarray, kind: str, widest: int = 64) -> np.ndarray:
     """The weights of a channel-last Conv: :func:`blocked_weights` for a dense one (a stem's too),
     ``(KH, KW, C)`` for a depthwise one (``(C, 1, KH, KW)``: the channel innermost, the
     vector loop's)."""
-    return w[:, 0].transpose(1, 2, 0) if kind == "depthwise" else blocked_weights(w)
+    return w[:, 0].transpose(1, 2, 0) if kind == "depthwise" else blocked_weights(w, widest)
 
 
 def wants_winograd(node: Node, graph: Graph) -> bool:
@@ -201,28 +201,37 @@ def wants_subsampling(node: Node, graph: Graph) -> bool:
 CHANNEL_BLOCKS = (64, 48, 32, CHANNEL_MULTIPLE)
 
 
-def channel_block(m: int) -> int | None:
+def channel_block(m: int, widest: int = COLUMN_BLOCK) -> int | None:
     """Output channels per weight block of a channel-last Conv: the widest of
-    :data:`CHANNEL_BLOCKS` (64: four AVX-512 float vectors, the register tile's widest)
-    that divides ``m``, else all ``m`` in one block up to 64 (24 channels: one and a half
-    vectors); None past that (1000 channels: no block size fits).
+    :data:`CHANNEL_BLOCKS` up to ``widest`` (the register tile's columns: 64, four
+    AVX-512 float vectors; 16 on AVX2, whose tile is two 8-float vectors) that divides
+    ``m``, else all ``m`` in one block up to 64 (24 channels: one and a half vectors);
+    None past that (1000 channels: no block size fits). Which Convs block does not
+    depend on ``widest`` (every width is a multiple of 16).
+
+    A block as wide as the tile is one contiguous stream per tile; a wider one is read
+    one tile's columns at a time, a run of a line or two a row apart. Zen 2 EPYC (AVX2),
+    one thread, A/B in one process while another job ran: MobileNetV2 0.92x of the
+    time in blocks of 16 rather than up to 64; the matmuls' column blocks likewise,
+    the MLP of batch 64 0.94x.
 
     Three vectors (48) come before two: MobileNetV2's 144 output channels took blocks of
     16, a register tile of 14 pixels by one vector (15 loads for 14 FMAs); in blocks of 48
     its tile is 8 pixels by three (11 loads for 24 FMAs). Zen 5, one process: its 56x56
     expand convs 0.135 -> 0.111 ms at 1 thread, 0.081 -> 0.065 at 2; the 112x112 one (96
     channels, 32 before) 0.175 -> 0.141 at 2; the model 0.97-0.98x at 1 and 2 threads."""
-    return next((b for b in CHANNEL_BLOCKS if m % b == 0), m if m <= 64 else None)
+    return next((b for b in CHANNEL_BLOCKS if b <= max(widest, CHANNEL_MULTIPLE)
+                 and m % b == 0), m if m <= 64 else None)
 
 
-def blocked_weights(w: np.ndarray) -> np.ndarray:
+def blocked_weights(w: np.ndarray, widest: int = COLUMN_BLOCK) -> np.ndarray:
     """``(M, C, KH, KW)`` weights as ``(M / MB, KH, KW, C, MB)``: the weights of one block
     of ``MB`` output channels are one contiguous stream, in the order the channel-last
     contraction reads them (an ``(KH, KW, C, M)`` layout read ``MB`` channels at a time
     has a stride of ``M``: at 512 channels two blocks per 4 KB page, which the hardware
-    prefetcher does not follow across pages)."""
+    prefetcher does not follow across pages). Blocks of :func:`channel_block`."""
     m, c, kh, kw = w.shape
-    mb = channel_block(m)
+    mb = channel_block(m, widest)
     return w.reshape(m // mb, mb, c, kh, kw).transpose(0, 3, 4, 2, 1)
 
 
@@ -275,14 +284,14 @@ def _line_elements(dtype: np.dtype) -> int:
     return 64 // np.dtype(dtype).itemsize
 
 
-def blocked_columns(b: np.ndarray) -> np.ndarray:
-    """``(K, N)`` as ``(ceil(N / NB), K, NB)``, ``NB`` = :data:`COLUMN_BLOCK`, the last
-    block padded with zero columns: the ``K x NB`` block a register tile's columns read
-    is one contiguous stream. At most :data:`COLUMN_BLOCK` columns are one block of
-    whole cache lines."""
+def blocked_columns(b: np.ndarray, widest: int = COLUMN_BLOCK) -> np.ndarray:
+    """``(K, N)`` as ``(ceil(N / NB), K, NB)``, ``NB`` = ``widest`` (the register tile's
+    columns, at most :data:`COLUMN_BLOCK`), the last block padded with zero columns: the
+    ``K x NB`` block a register tile's columns read is one contiguous stream. At most
+    :data:`COLUMN_BLOCK` columns are one block of whole cache lines."""
     k, n = b.shape
     line = _line_elements(b.dtype)
-    nb = COLUMN_BLOCK if n > COLUMN_BLOCK else -(-n // line) * line
+    nb = min(widest, COLUMN_BLOCK) if n > COLUMN_BLOCK else -(-n // line) * line
     nbk = -(-n // nb)
     padded = np.zeros((k, nbk * nb), b.dtype)
     padded[:, :n] = b
@@ -290,7 +299,7 @@ def blocked_columns(b: np.ndarray) -> np.ndarray:
 
 
 def choose_conv_layouts(graph: Graph, stats: Counter | None = None,
-                        winograd: bool | int = False) -> Graph:
+                        winograd: bool | int = False, widest: int = COLUMN_BLOCK) -> Graph:
     """Make the Convs that run channel-last ``PolycConvNHWC`` between transpositions,
     with their weights laid out, and sink the transpositions (:func:`sink_transposes`);
     split each strided 1x1 Conv over many pixels into a strided ``Slice`` and a
@@ -301,7 +310,8 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None,
     new constants; the old ones go when nothing else reads them. With ``winograd``
     (True, or a tile: :func:`.winograd.tile_for`), a channel-last Conv that
     :func:`wants_winograd` becomes Winograd's three nodes (:data:`WINOGRAD_INPUT`)
-    instead of ``PolycConvNHWC``."""
+    instead of ``PolycConvNHWC``. ``widest``: the register tile's columns, the widest
+    weight block (:func:`channel_block`, :func:`blocked_columns`)."""
     from .onnx_passes import eliminate_dead_nodes
     stats = stats if stats is not None else Counter()
     constants, tensors = dict(graph.constants), dict(graph.tensors)
@@ -382,7 +392,8 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None,
         # blocks too, one contiguous stream per block (7x7x512 layers: 3.6 -> 1.4 ms)
         blocked = m > COLUMN_BLOCK
         u = copy(n.inputs[1], f"winograd{tile}" + ("_blocked" if blocked else ""),
-                 (lambda w: np.stack([blocked_columns(p) for p in winograd_weights(w, tile)]))
+                 (lambda w: np.stack([blocked_columns(p, widest)
+                                      for p in winograd_weights(w, tile)]))
                  if blocked else (lambda w: winograd_weights(w, tile)))
         geometry = {k: v for k, v in n.attrs.items() if k in ("pads", "auto_pad")}
         v = Node(node_name(f"{n.name}_wino_in"), WINOGRAD_INPUT, (xt,),
@@ -403,7 +414,7 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None,
             x, y = n.inputs[0], n.outputs[0]
             yt = transposed_tensor(y, TO_NHWC, f"{y}_nhwc")
             w = None if kind != "stem" and winograd is not False and wants_winograd(n, graph) \
-                else copy(n.inputs[1], kind, lambda v, k=kind: nhwc_weights(v, k))
+                else copy(n.inputs[1], kind, lambda v, k=kind: nhwc_weights(v, k, widest))
             if kind == "stem":  # its NCHW input read in place
                 nodes.append(dataclasses.replace(
                     n, op_type=CONV_NHWC, inputs=(x, w) + n.inputs[2:], outputs=(yt,),
@@ -433,7 +444,8 @@ def choose_conv_layouts(graph: Graph, stats: Counter | None = None,
         if wants_blocked_columns(n, graph, constants):
             attrs = {"alpha": float(n.attrs.get("alpha", 1.0)),
                      "beta": float(n.attrs.get("beta", 1.0))} if n.op_type == "Gemm" else {}
-            inputs = (n.inputs[0], copy(n.inputs[1], "blocked", blocked_columns)) + n.inputs[2:]
+            inputs = (n.inputs[0], copy(n.inputs[1], "blocked",
+                                        lambda v: blocked_columns(v, widest))) + n.inputs[2:]
             n = dataclasses.replace(n, op_type=MATMUL_BLOCKED, inputs=inputs, attrs=attrs)
             stats["matmul_blocked"] += 1
         nodes.append(n)

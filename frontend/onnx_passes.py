@@ -1367,7 +1367,7 @@ def _prune_tensors(graph: Graph) -> Graph:
 
 def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
                    integer_dot: bool = False, byte_quads: bool = False,
-                   winograd: bool | int = False) -> Graph:
+                   winograd: bool | int = False, widest_block: int = 64) -> Graph:
     """Every pass, in a fixed order (see the module doc). The counts of what was done go
     into ``stats`` when given, and are returned by :func:`pass_stats` afterwards.
     ``integer_dot``: the target CPU has integer dot-product instructions (VNNI), so
@@ -1375,7 +1375,9 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
     than as exact float convolutions; ``byte_quads``: with 512-bit VNNI, in the layout of
     its outer-product micro-kernels (:func:`convs_as_dot_products`); ``winograd``: dense
     3x3 unit-stride float32 Convs run by Winograd's algorithm (:func:`.onnx_layout.
-    wants_winograd`; True, or the output tile 2 or 4)."""
+    wants_winograd`; True, or the output tile 2 or 4); ``widest_block``: the register
+    tile's float columns on the target, the widest block constant weights are laid out
+    in (:func:`.onnx_layout.channel_block`)."""
     c: Counter = Counter()
     before = len(graph.nodes)
     # before folding turns DequantizeLinear(W) into floats
@@ -1393,7 +1395,7 @@ def optimize_graph(graph: Graph, stats: dict[str, int] | None = None,
     graph = half_values_in_float(graph, c)
     graph = fold_constants(graph, c)         # Casts fold
     graph = eliminate_dead_nodes(graph, c)
-    graph = choose_conv_layouts(graph, c, winograd=winograd)
+    graph = choose_conv_layouts(graph, c, winograd=winograd, widest=widest_block)
     c["nodes_before"] = before
     c["nodes_after"] = len(graph.nodes)
     result = {k: int(c.get(k, 0)) for k in ("qdq_convs", "qdq_gemms", "conv_dot",

@@ -315,6 +315,20 @@ _SCHEDULES_LOCK = threading.Lock()
 _SCHEDULES_MAX = 4096
 
 
+def _widest_block(options: Options) -> int:
+    """The widest block constant weights are laid out in: the register tile's float32
+    columns on the C target (64 with AVX-512, 16 with AVX2: one contiguous stream per
+    tile), 64 for CUDA or without a machine tile."""
+    from .frontend.onnx_layout import COLUMN_BLOCK, CHANNEL_MULTIPLE
+    from .schedule import register_tile
+    if options.target != "c" or not options.vectorize:
+        return COLUMN_BLOCK
+    shape = register_tile.machine_shape("float32", Options())
+    nr = shape[1] if shape else COLUMN_BLOCK
+    return nr if CHANNEL_MULTIPLE <= nr <= COLUMN_BLOCK and nr % CHANNEL_MULTIPLE == 0 \
+        else COLUMN_BLOCK
+
+
 def lower_onnx(model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
                progress: Progress | None = None, options: Options | None = None) -> Program:
     """ONNX model (path, bytes or ModelProto) -> optimized Graph -> Program, for the
@@ -335,7 +349,8 @@ def lower_onnx(model: Any, shapes: Mapping[str, Sequence[int]] | None = None,
         options.register_tile is not False and machine.has_integer_dot()
     graph = optimize_graph(graph, integer_dot=integer_dot,
                            byte_quads=integer_dot and machine.has_vnni512(),
-                           winograd=options.winograd if options.target == "c" else False)
+                           winograd=options.winograd if options.target == "c" else False,
+                           widest_block=_widest_block(options))
     if progress:
         progress(f"optimized the graph: {len(graph.nodes)} nodes")
 
