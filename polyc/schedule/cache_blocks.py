@@ -15,8 +15,8 @@ The rows are bounded by two things:
   half of it (:data:`ROW_BLOCK_L2_FRACTION`; 256 float32 rows of 512 on a 1 MB L2);
 * when the row member is the band's outermost (the ``omp parallel for`` loop), every thread
   gets the same number of equally sized row blocks, so bigger blocks never starve a core;
-  over a domain that is not a box (syrk's triangle ``j <= i``) equal rows are unequal
-  work, so each thread gets at least :data:`UNEQUAL_BLOCKS_PER_THREAD` blocks, which the
+  where the rows carry unequal work (syrk's triangle ``j <= i``: a statement's first
+  and last row span boxes of different sizes, :func:`_unequal_rows`), each thread gets at least :data:`UNEQUAL_BLOCKS_PER_THREAD` blocks, which the
   threads then take in turn (``optimize._cyclic_pays``). syrk at 301 x 97 on a Zen 2
   EPYC (512 KB L2) took one block of 154 rows a thread: a quarter and three quarters of
   the triangle.
