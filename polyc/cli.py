@@ -114,7 +114,7 @@ def _machine() -> int:
                   if ln.startswith("model name")), "unknown")
     flags = sorted(host.cpu_flags() & {"avx2", "fma", "avx512f", "avx512_vnni",
                                        "avx_vnni", "avx512_fp16", "avx512_bf16", "amx_tile"})
-    cost = machine.strided_panel_cost()
+    cost = pack.strided_cost()
     print(f"cpu: {model}")
     print(f"vector features: {' '.join(flags) or 'none'}")
     print(f"vector width: {register_tile.vector_bits()} bits, "

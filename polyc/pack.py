@@ -65,11 +65,14 @@ PAGE_BYTES = 4096
 #: a :func:`machine.strided_panel_cost` above this: the CPU's prefetchers do not follow
 #: a register tile's strided runs, and the copy pays from
 #: :data:`SLOW_STRIDES_MIN_ROWS` rows (:data:`SLOW_STRIDES_MIN_ROWS_SHORT` where ``B``'s
-#: rows are shorter than a page) instead. Measured on an Emerald Rapids Xeon (probe:
-#: 1.40-1.48; a Zen 5 EPYC's unpacked tiles ran within 15% of its peak, so its thresholds
-#: above stay), one thread, unpacked against packed GFLOP/s, A/B in one process:
-#: 16x1024x2048 34/42, 24x1024x2048 33/56, 64x1024x2048 34/78; short rows 16x784x512
-#: 64/46, 32x784x512 77/77, 48x784x512 47/67, 64x784x512 55/83, 128x3072x768 62/80
+#: rows are shorter than a page) instead. Measured on an Emerald Rapids Xeon (the first
+#: probe: 1.40-1.48; a Zen 5 EPYC's unpacked tiles ran within 15% of its peak, so its
+#: thresholds above stay), one thread, unpacked against packed GFLOP/s, A/B in one
+#: process: 16x1024x2048 34/42, 24x1024x2048 33/56, 64x1024x2048 34/78; short rows
+#: 16x784x512 64/46, 32x784x512 77/77, 48x784x512 47/67, 64x784x512 55/83, 128x3072x768
+#: 62/80. On a Zen 2 EPYC (AVX2, 6 x 16 tile; the probe 1.50), one thread / two:
+#: 64x512x512 52/78 and 101/125, 48x784x512 53/71 and 95/113, 128x3072x768 69/70 and
+#: 71/146, 16x1024x2048 36/40 and 48/80, 64x1024x2048 40/64 and 39/150
 STRIDED_PANEL_SLOW = 1.25
 SLOW_STRIDES_MIN_ROWS = 16
 SLOW_STRIDES_MIN_ROWS_SHORT = 48
@@ -295,9 +298,15 @@ def _worth(kernel: Kernel, s: Statement, b: str, reads: list[E.Read], n: str, p:
     short = D.itemsize(arr.dtype) * E.evaluate(arr.shape[p], sizes) < PAGE_BYTES
     if nbytes * MIN_BYTES_L2_FRACTION < l2:
         return False  # (before the probe: a small operand needs no measurement)
-    if machine.strided_panel_cost() > STRIDED_PANEL_SLOW:
+    if strided_cost() > STRIDED_PANEL_SLOW:
         return rows >= (SLOW_STRIDES_MIN_ROWS_SHORT if short else SLOW_STRIDES_MIN_ROWS)
     return rows >= (MIN_ROWS_SHORT_ROWS if short else MIN_ROWS)
+
+
+def strided_cost() -> float:
+    """:func:`machine.strided_panel_cost` for this machine's float32 register tile."""
+    mr, nr = register_tile.machine_shape("float32", Options(register_tile=True)) or (6, 16)
+    return machine.strided_panel_cost(mr, nr, register_tile.vector_bits() // 8)
 
 
 def _position(r: E.Read, n: str) -> int | None:

@@ -249,7 +249,7 @@ def test_thresholds_where_strided_runs_are_slow(monkeypatch):
     monkeypatch.setattr(pack, "SLOW_STRIDES_MIN_ROWS", 21)
     monkeypatch.setattr(pack, "SLOW_STRIDES_MIN_ROWS_SHORT", 21)
     for cost, packed in ((1.0, True), (pack.STRIDED_PANEL_SLOW, True), (1.5, False)):
-        monkeypatch.setattr(machine, "strided_panel_cost", lambda c=cost: c)
+        monkeypatch.setattr(machine, "strided_panel_cost", lambda *shape, c=cost: c)
         op = polyc.define(MATMUL)
         assert_matches_numpy(op(a, b), a @ b, **TOL)
         assert _packed(op) == packed, cost  # 20 rows: the slow-strides threshold is 21
@@ -266,31 +266,39 @@ def test_thresholds_where_strided_runs_are_slow(monkeypatch):
 
 
 def test_strided_panel_probe(monkeypatch, tmp_path):
-    """The probe builds and runs (a positive time ratio), is kept per CPU in the cache
-    directory and read back from there, gives way to ``POLYC_STRIDED_PANEL_COST``, and
-    says 1.0 (the old thresholds) where it cannot run."""
+    """The probe builds and runs at this machine's tile shape and at another (a positive
+    time ratio), is kept per CPU and tile shape in the cache directory and read back from
+    there, gives way to ``POLYC_STRIDED_PANEL_COST``, and says 1.0 (the old thresholds)
+    where it cannot run or the shape is not whole vectors."""
     from polyc.schedule import machine
     if shutil.which(os.environ.get("POLYC_CC", "gcc")) is None:
         pytest.skip("no C compiler")
-    cost = machine._run_probe()
-    assert cost is not None and 0.2 < cost < 20
+    for shape in ((6, 16, 32), (4, 32, 32), (6, 64, 64)):
+        cost = machine._run_probe(*shape)
+        assert cost is not None and 0.2 < cost < 20, shape
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("POLYC_STRIDED_PANEL_COST", raising=False)
-    monkeypatch.setattr(machine, "_run_probe", lambda: 1.7)
+    ran = []
+    monkeypatch.setattr(machine, "_run_probe", lambda *shape: ran.append(shape) or 1.7)
     machine.strided_panel_cost.cache_clear()
     try:
-        assert machine.strided_panel_cost() == 1.7
+        assert machine.strided_panel_cost(6, 16, 32) == 1.7
+        monkeypatch.setattr(machine, "_run_probe", lambda *shape: ran.append(shape) or 1.2)
+        assert machine.strided_panel_cost(4, 16, 32) == 1.2  # another shape: its own
+        assert ran == [(6, 16, 32), (4, 16, 32)]
         assert os.path.isfile(machine._probe_path())
         assert machine._probe_path().startswith(str(tmp_path))
-        monkeypatch.setattr(machine, "_run_probe", lambda: None)
+        monkeypatch.setattr(machine, "_run_probe", lambda *shape: None)
         machine.strided_panel_cost.cache_clear()
-        assert machine.strided_panel_cost() == 1.7  # from the cache file
+        assert machine.strided_panel_cost(6, 16, 32) == 1.7  # from the cache file
+        assert machine.strided_panel_cost(4, 16, 32) == 1.2
+        assert machine.strided_panel_cost(6, 12, 32) == 1.0  # not whole vectors
         os.remove(machine._probe_path())
         machine.strided_panel_cost.cache_clear()
-        assert machine.strided_panel_cost() == 1.0  # no probe, no file
+        assert machine.strided_panel_cost(6, 16, 32) == 1.0  # no probe, no file
         monkeypatch.setenv("POLYC_STRIDED_PANEL_COST", "2.5")
         machine.strided_panel_cost.cache_clear()
-        assert machine.strided_panel_cost() == 2.5
+        assert machine.strided_panel_cost(6, 16, 32) == 2.5
     finally:
         machine.strided_panel_cost.cache_clear()
 

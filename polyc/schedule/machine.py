@@ -93,46 +93,75 @@ def threads(requested: int | None = None) -> int:
     return _CPUS
 
 
-#: the C program behind :func:`strided_panel_cost`: one float register tile (6 rows x 64
-#: columns, a K of 768) swept over weight panels that are short rows of a wider matrix
-#: (2 KB apart, as ``B(k, n)`` of a 768 x 512 matmul operand) and over the same panel
-#: packed contiguously; it prints the best time of the first over the best of the second
+#: the C program behind :func:`strided_panel_cost`: one float register tile of the
+#: machine's shape (``MR`` rows of ``NR`` columns in vectors of ``VB`` bytes, given as
+#: ``-D``; its accumulators held in registers, so that the tile runs near the FMA peak
+#: and its loads show) swept with a ``K`` of 512 over the weight panels of a 512-wide
+#: matrix in two ways: as short rows 2 KB apart, in the order an unpacked schedule runs
+#: them (a 128-column cache tile, each row tile through its panels), and packed, one
+#: contiguous panel after another, each reused by all the row tiles. It prints the best
+#: time of the first over the best of the second. (The first probe's tile kept its
+#: accumulators in memory: compute-bound at half the peak, it read 1.01 on a Zen 2
+#: EPYC where this one reads 1.5, as whole matmuls do there.)
 _PROBE_C = r"""
 #define _POSIX_C_SOURCE 200112L
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#define K 768
-#define NR 64
-#define MR 6
+#define K 512
 #define WIDE 512
+#define CACHE_TILE 128
+#define ROW_TILES 8
+#define NV (NR * 4 / VB)
+typedef float vf __attribute__((vector_size(VB), aligned(4)));
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
                           return t.tv_sec + t.tv_nsec * 1e-9; }
 __attribute__((noinline)) static void tile(const float *restrict a, const float *restrict b,
                                            long stride, float *restrict c) {
-  float acc[MR][NR] __attribute__((aligned(64))) = {{0}};
-  for (long k = 0; k < K; k++)
-    for (int r = 0; r < MR; r++)
-      for (int j = 0; j < NR; j++) acc[r][j] += a[r * K + k] * b[k * stride + j];
-  for (int r = 0; r < MR; r++) for (int j = 0; j < NR; j++) c[r * NR + j] += acc[r][j];
+  vf acc[MR][NV];
+  #pragma GCC unroll 32
+  for (int r = 0; r < MR; r++)
+    #pragma GCC unroll 32
+    for (int j = 0; j < NV; j++) acc[r][j] = (vf){0};
+  for (long k = 0; k < K; k++) {
+    vf w[NV];
+    #pragma GCC unroll 32
+    for (int j = 0; j < NV; j++) w[j] = *(const vf *)(b + k * stride + j * (VB / 4));
+    #pragma GCC unroll 32
+    for (int r = 0; r < MR; r++) {
+      float x = a[r * K + k];
+      #pragma GCC unroll 32
+      for (int j = 0; j < NV; j++) acc[r][j] += x * w[j];
+    }
+  }
+  #pragma GCC unroll 32
+  for (int r = 0; r < MR; r++)
+    #pragma GCC unroll 32
+    for (int j = 0; j < NV; j++) *(vf *)(c + r * NR + j * (VB / 4)) += acc[r][j];
 }
 int main(void) {
   float *b = aligned_alloc(64, sizeof(float) * K * WIDE);
   float *p = aligned_alloc(64, sizeof(float) * K * WIDE);
-  float *a = aligned_alloc(64, sizeof(float) * MR * K * 8);
-  static float c[MR * NR];
+  float *a = aligned_alloc(64, sizeof(float) * MR * K * ROW_TILES);
+  static float c[MR * NR] __attribute__((aligned(64)));
   if (!a || !b || !p) return 1;
   for (long i = 0; i < (long)K * WIDE; i++) b[i] = 1e-3f * (float)(i % 7);
   for (long nb = 0; nb < WIDE / NR; nb++)  /* the same values, panel after panel */
     for (long i = 0; i < (long)K * NR; i++) p[nb * K * NR + i] = b[(i / NR) * WIDE + nb * NR + i % NR];
-  for (long i = 0; i < (long)MR * K * 8; i++) a[i] = 1e-3f * (float)(i % 5);
+  for (long i = 0; i < (long)MR * K * ROW_TILES; i++) a[i] = 1e-3f * (float)(i % 5);
   double best[2] = {1e30, 1e30};
   for (int rep = 0; rep < 15; rep++)
     for (int v = 0; v < 2; v++) {
       double t = now();
-      for (int nb = 0; nb < WIDE / NR; nb++)
-        for (int rt = 0; rt < 8; rt++)
-          tile(a + rt * MR * K, v ? p + (long)nb * K * NR : b + nb * NR, v ? NR : WIDE, c);
+      if (v == 0)
+        for (int ct = 0; ct < WIDE / CACHE_TILE; ct++)
+          for (int rt = 0; rt < ROW_TILES; rt++)
+            for (int nb = ct * CACHE_TILE / NR; nb < (ct + 1) * CACHE_TILE / NR; nb++)
+              tile(a + rt * MR * K, b + nb * NR, WIDE, c);
+      else
+        for (int nb = 0; nb < WIDE / NR; nb++)
+          for (int rt = 0; rt < ROW_TILES; rt++)
+            tile(a + rt * MR * K, p + (long)nb * K * NR, NR, c);
       t = now() - t;
       if (t < best[v]) best[v] = t;
     }
@@ -141,40 +170,50 @@ int main(void) {
 }
 """
 
+#: the probe's version, part of its key in the cache file (a new probe measures anew)
+PROBE_VERSION = 2
 
-@functools.lru_cache(maxsize=1)
-def strided_panel_cost() -> float:
-    """How many times longer a float register tile takes when its weight panel is short
-    rows of a wider matrix (2 KB apart: shorter than a page) than when the same panel
-    is one contiguous run. Near 1 where the hardware prefetchers follow such strided
-    runs within a page; well above it where they do not, and packing the operand
-    (:mod:`polyc.pack`) pays at fewer rows of reuse.
 
-    Measured once per CPU by a small C program (:data:`_PROBE_C`, built with
-    ``POLYC_CC`` or gcc, ``-O3 -march=native``, best of 15 runs of each), and kept in
-    ``<POLYC_CACHE_DIR>/machine/<cpu>.json``; ``POLYC_STRIDED_PANEL_COST`` overrides it.
-    1.0 (the prefetchers assumed to follow) where the program cannot be built or run."""
+@functools.lru_cache(maxsize=8)
+def strided_panel_cost(mr: int, nr: int, vector_bytes: int) -> float:
+    """How many times longer a float register tile of ``mr`` x ``nr`` (vectors of
+    ``vector_bytes``) takes when its weight panels are short rows of a wider matrix (2 KB
+    apart: shorter than a page), run as an unpacked schedule runs them, than when each
+    panel is one contiguous run reused by all the row tiles. Near 1 where the hardware
+    prefetchers follow such strided runs within a page; well above it where they do not,
+    and packing the operand (:mod:`polyc.pack`) pays at fewer rows of reuse.
+
+    Measured once per CPU and tile shape by a small C program (:data:`_PROBE_C`, built
+    with ``POLYC_CC`` or gcc, ``-O3 -march=native``, best of 15 runs of each), and kept
+    in ``<POLYC_CACHE_DIR>/machine/<cpu>.json``; ``POLYC_STRIDED_PANEL_COST`` overrides
+    it. 1.0 (the prefetchers assumed to follow) where the program cannot be built or
+    run, or the shape is not whole vectors."""
     env = os.environ.get("POLYC_STRIDED_PANEL_COST", "").strip()
     try:
         if env and float(env) > 0:
             return float(env)
     except ValueError:
         pass
+    if mr < 1 or vector_bytes < 4 or nr * 4 % vector_bytes or 512 % nr:
+        return 1.0
+    key = f"strided_panel_cost v{PROBE_VERSION} {mr}x{nr} {vector_bytes}"
     path = _probe_path()
+    known: dict = {}
     try:
         with open(path) as f:
-            cached = json.load(f).get("strided_panel_cost")
+            known = json.load(f)
+        cached = known.get(key)
         if isinstance(cached, (int, float)) and cached > 0:
             return float(cached)
     except (OSError, ValueError, AttributeError):
-        pass
-    cost = _run_probe()
+        known = {}
+    cost = _run_probe(mr, nr, vector_bytes)
     if cost is None:
         return 1.0
     try:  # (a reader that finds the file half written runs the probe itself)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
-            json.dump({"strided_panel_cost": cost}, f)
+            json.dump({**(known if isinstance(known, dict) else {}), key: cost}, f)
     except OSError:
         pass
     return cost
@@ -185,14 +224,15 @@ def _probe_path() -> str:
     return os.path.join(Options().cache_dir, "machine", cpu_key() + ".json")
 
 
-def _run_probe() -> float | None:
+def _run_probe(mr: int, nr: int, vector_bytes: int) -> float | None:
     cc = os.environ.get("POLYC_CC", "gcc")
     with tempfile.TemporaryDirectory(prefix="polyc-probe-") as tmp:
         src, exe = os.path.join(tmp, "probe.c"), os.path.join(tmp, "probe")
         with open(src, "w") as f:
             f.write(_PROBE_C)
         try:
-            subprocess.run([cc, "-O3", "-march=native", "-ffp-contract=fast", "-std=c11",
+            subprocess.run([cc, "-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11",
+                            f"-DMR={mr}", f"-DNR={nr}", f"-DVB={vector_bytes}",
                             "-o", exe, src], check=True, capture_output=True, timeout=120)
             out = subprocess.run([exe], check=True, capture_output=True, text=True,
                                  timeout=120).stdout.split()
