@@ -317,16 +317,16 @@ def blocked(float(M,K) A, float(NB,K,NI) W) -> (Y) {
     ref = lambda A, W: np.einsum("mk,bki->mbi", A, W)  # noqa: E731
     op = _define(src)
     _check(op, shapes, ref)
-    assert f"+ {320 * 64 * 4}u + 64u * (uint64_t)" in op.c_source, op.c_source
+    assert f"+ {320 * 64 * 4}u + 64u * ((uint64_t)" in op.c_source, op.c_source
     cut = _define(src, tile=(8, 4, 32, 64))
     _check(cut, shapes, ref)
     assert _register_marks(cut)
     line = next(x for x in cut.c_source.splitlines() if "__builtin_prefetch" in x)
     # the next chunk, 32 runs on; past the last, what follows its run (320 - start)
     assert re.search(rf"\(uint64_t\)\((c\d+) \+ 32 < 320 \? {32 * 64 * 4} : "
-                     rf"{64 * 4} \* \(320 - \1\)\) \+ 64u \* \(uint64_t\)\(\(\(polyc_lo0 / ",
+                     rf"{64 * 4} \* \(320 - \1\)\) \+ 64u \* \(\(uint64_t\)\(\(polyc_lo0 / ",
                      line), line
-    assert f"% {32 * 64 * 4 // 64})), 0, 3);" in line and f" + {320 * 64 * 4}u" not in line
+    assert f"% {32 * 64 * 4 // 64}u)), 0, 3);" in line and f" + {320 * 64 * 4}u" not in line
     gpu = polyc.define(src, target="cuda", emulate=True)
     _check(gpu, shapes, ref)
     assert "__builtin_prefetch" not in gpu.cuda_source
@@ -346,8 +346,8 @@ def taps(float(M,T,K) A, float(NB,T,K,NI) W) -> (Y) {
     _check(op, [(47, 3, 320), (4, 3, 320, 64)],
            lambda A, W: np.einsum("mtk,btki->mbi", A, W))
     c = op.c_source
-    assert re.search(r"const uint64_t polyc_pf_line0 = \(\(polyc_lo0 / 6\) \* 96 \+ c\d+ \* 32 "
-                     r"\+ \(c\d+ - c\d+\)\) % 384;", c), c
+    assert re.search(r"const uint64_t polyc_pf_line0 = \(uint64_t\)\(\(polyc_lo0 / 6\) \* 96 \+ c\d+ \* 32 "
+                     r"\+ \(c\d+ - c\d+\)\) % 384u;", c), c
     line = next(x for x in c.splitlines() if "__builtin_prefetch" in x)
     assert f": {3 * 320 * 64 * 4} - {64 * 4} * c" in line, line  # the next block's first
     assert f"+ {320 * 64 * 4}u * ((polyc_pf_line0 / 128) % 3) + 64u * (polyc_pf_line0 % 128)" \
@@ -366,9 +366,9 @@ def blocked(float(M,K) A, float(NB,K,NI) W) -> (Y) {
     op = _define(src)
     _check(op, [(12, 320), (5, 320, 64)], lambda A, W: np.einsum("mk,bki->mbi", A, W))
     fetches = [x for x in op.c_source.splitlines() if "__builtin_prefetch" in x]
-    assert any(re.search(r"\(2 \* \(\(polyc_lo0 / 6\) \* 320 \+ c\d+\)\) % 1280\)", x)
+    assert any(re.search(r"\(uint64_t\)\(2 \* \(\(polyc_lo0 / 6\) \* 320 \+ c\d+\)\) % 1280u\)", x)
                for x in fetches), fetches
-    assert any(re.search(r"\(2 \* \(\(polyc_lo0 / 6\) \* 320 \+ c\d+\) \+ 1\) % 1280\)", x)
+    assert any(re.search(r"\(uint64_t\)\(2 \* \(\(polyc_lo0 / 6\) \* 320 \+ c\d+\) \+ 1\) % 1280u\)", x)
                for x in fetches), fetches
     conv = _define("""
 def rows(float(H,W,K) X, float(NB,K,NI) Wt) -> (Y) {
@@ -376,7 +376,7 @@ def rows(float(H,W,K) X, float(NB,K,NI) Wt) -> (Y) {
 }""")
     _check(conv, [(5, 7, 64), (3, 64, 64)], lambda X, W: np.einsum("hwk,bki->hwbi", X, W))
     line = next(x for x in conv.c_source.splitlines() if "__builtin_prefetch" in x)
-    assert re.search(r"\(\(\(polyc_lo0\) \* 64 \+ c\d+\) % 256\)", line), line
+    assert re.search(r"\(\(uint64_t\)\(\(polyc_lo0\) \* 64 \+ c\d+\) % 256u\)", line), line
 
 
 def test_packed_matmul_prefetches_the_next_panel_in_order():
@@ -396,8 +396,8 @@ def mm(float(M,K) A, float(K,N) B) -> (C) {
     assert "_packed[" in op.c_source, op.c_source
     mr, nr = register_tile.machine_shape("float32", polyc.Options())  # this CPU's
     line = next(x for x in op.c_source.splitlines() if "__builtin_prefetch" in x)
-    assert f"+ {512 * nr * 4}u + 64u * (uint64_t)(((polyc_lo0 / {mr}) * 512 + " in line, line
-    assert line.rstrip().endswith(f"% {512 * nr * 4 // 64})), 0, 3);"), line
+    assert f"+ {512 * nr * 4}u + 64u * ((uint64_t)((polyc_lo0 / {mr}) * 512 + " in line, line
+    assert line.rstrip().endswith(f"% {512 * nr * 4 // 64}u)), 0, 3);"), line
 
 
 def test_reduction_chunk_follows_the_l1(monkeypatch):
