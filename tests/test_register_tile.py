@@ -410,3 +410,19 @@ def test_reduction_chunk_follows_the_l1(monkeypatch):
         assert optimize.reduction_chunk(6, 4) == chunk, l1
     monkeypatch.setattr(optimize, "CHUNK_FROM_L1", False)
     assert optimize.reduction_chunk(6, 4) == optimize.DEFAULT_TILE_REDUCTION_REGISTER
+
+
+def test_box_test_within_its_budget(monkeypatch):
+    """The box test that decides a register mark runs within
+    :data:`register_tile.FOOTPRINT_OPERATIONS` isl operations: a matmul's needs a few
+    tens of thousands. Past the budget the band keeps no register tile, and the result
+    is the same; the final check (no budget) still passes."""
+    a, b = random_inputs([((37, 45), "float32"), ((45, 70), "float32")], 3)
+    op = _define(MATMUL)
+    assert_matches_numpy(op(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    assert _register_marks(op)
+    monkeypatch.setattr(register_tile, "FOOTPRINT_OPERATIONS", 10)
+    op = _define(MATMUL)
+    assert_matches_numpy(op(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    assert not _register_marks(op)
+    assert "polyc_acc" not in op.c_source

@@ -524,7 +524,7 @@ def apply(node: isl.ScheduleNode, p: Plan, kernel: Kernel) -> isl.ScheduleNode |
     """Register-tile the point band ``node`` by plan ``p``; the node at the same position
     (the register tile band), or None when a safety check fails (``node`` is unchanged)."""
     top = _register_tree(node, p)
-    if check_mark(top.child(0), kernel) is not None:
+    if check_mark(top.child(0), kernel, budgeted=True) is not None:
         return None
     return _finish(top, p, kernel, node.band_n_member(), tiling.coincident_flags(node))
 
@@ -626,12 +626,15 @@ def _finish(top: isl.ScheduleNode, p: Plan, kernel: Kernel, n: int,
     return simd.parent().parent().parent().parent()
 
 
-def check_mark(mark: isl.ScheduleNode, kernel: Kernel) -> str | None:
+def check_mark(mark: isl.ScheduleNode, kernel: Kernel, budgeted: bool = False
+               ) -> str | None:
     """Why the ``register`` mark at ``mark`` is unsafe, or None when it is safe: only
     its statement runs below it, every access of that statement to the array is the
     written element, and the elements written in one iteration of the loops above form
     exactly a box no larger than the mark's (so the copy-out writes only what the
-    statement computed, and the accumulator holds it)."""
+    statement computed, and the accumulator holds it). ``budgeted``: the box test gets
+    :data:`FOOTPRINT_OPERATIONS` isl operations, and a mark it cannot decide within them
+    is unsafe (the band then keeps no register tile)."""
     parsed = parse_mark(mark.mark_get_id().get_name())
     if parsed is None:
         return "malformed register mark"
@@ -646,7 +649,8 @@ def check_mark(mark: isl.ScheduleNode, kernel: Kernel) -> str | None:
     if any(r.array == s.write.array and tuple(r.indices) != tuple(s.write.indices)
            for r in E.reads(s.value)):
         return f"{stmt} reads {s.write.array} elsewhere than where it writes"
-    if not _footprint_is_box(mark, s, box, kernel):
+    if not _footprint_is_box(mark, s, box, kernel,
+                             FOOTPRINT_OPERATIONS if budgeted else None):
         return f"the elements of {s.write.array} written below it do not form a box of {box}"
     init = mark_init(mark.mark_get_id().get_name())
     if init and first_visit_init(mark, kernel, mark.get_schedule().get_map()) != init:
@@ -843,14 +847,39 @@ def first_visit_init(mark: isl.ScheduleNode, kernel: Kernel, schedule_map: isl.U
     return s0.name
 
 
+#: isl operations the box test of a register mark may take when it decides whether to
+#: place the mark (:func:`check_mark`): ten times the most that the marks of matmuls,
+#: PolyBench's nests and the benchmark models' layers (ResNets, MobileNetV2, BERT, int8,
+#: float16) were measured to need (92,046: MobileNetV2's stem conv; about 0.06 s). Fuzz
+#: case 16003's accesses ``j / 2`` and ``2 * s + i`` under a skewed schedule took 29 s in
+#: six tests, and 65 s to compile in all; 28 s with the budget (its dependences: 15 s)
+FOOTPRINT_OPERATIONS = 1_000_000
+
+
 def _footprint_is_box(mark: isl.ScheduleNode, s: Statement, box: tuple[int, ...],
-                      kernel: Kernel) -> bool:
+                      kernel: Kernel, budget: int | None = None) -> bool:
+    """Whether the elements ``s`` writes in one iteration of the loops above ``mark``
+    form a box of at most ``box`` (:func:`check_mark`); with ``budget``, computed in an
+    isl context of its own with that many operations, and False past them."""
     prefix = mark.get_prefix_schedule_union_map().intersect_params(kernel.context)
     write = isl.UnionMap.from_map(s.write.relation(s.domain))
+    if budget is None:
+        return _is_box(prefix, write, box)
+    private = isl.Context()
+    private.set_max_operations(budget)
+    try:
+        return _is_box(isl.UnionMap.read_from_str(private, prefix.to_str()),
+                       isl.UnionMap.read_from_str(private, write.to_str()), box)
+    except isl.Error:  # past the budget (or a text isl cannot read back): undecided
+        return False
+
+
+def _is_box(prefix: isl.UnionMap, write: isl.UnionMap, box: tuple[int, ...]) -> bool:
     fp_u = prefix.reverse().apply_range(write)
     if fp_u.n_map() != 1:
         return False
     fp = fp_u.get_map_list().get_at(0)
+    one, minus_one = isl.Val.int_from_si(fp.get_ctx(), 1), isl.Val.int_from_si(fp.get_ctx(), -1)
     rank = fp.dim(isl.dim_type.out)
     fp = fp.reset_tuple_id(isl.dim_type.out)
     product = None
@@ -862,16 +891,16 @@ def _footprint_is_box(mark: isl.ScheduleNode, s: Statement, box: tuple[int, ...]
         space = isl.Space.alloc(fp.get_ctx(), 0, 1, 1)
         ge = isl.Map.universe(space)
         ge = ge.add_constraint(isl.Constraint.alloc_inequality(isl.LocalSpace.from_space(space))
-                               .set_coefficient_val(isl.dim_type.out, 0, _val(1))
-                               .set_coefficient_val(isl.dim_type.in_, 0, _val(-1)))
+                               .set_coefficient_val(isl.dim_type.out, 0, one)
+                               .set_coefficient_val(isl.dim_type.in_, 0, minus_one))
         interval = lo.apply_range(ge).intersect(hi.apply_range(ge.reverse()))
         if not interval.is_equal(proj):
             return False  # a hole or a stride in this dimension
         spread = proj.reverse().apply_range(proj).deltas()
         limit = isl.Set.universe(spread.get_space())
         limit = limit.add_constraint(isl.Constraint.alloc_inequality(isl.LocalSpace.from_space(
-            spread.get_space())).set_coefficient_val(isl.dim_type.set, 0, _val(-1))
-            .set_constant_val(_val(box[d] - 1)))
+            spread.get_space())).set_coefficient_val(isl.dim_type.set, 0, minus_one)
+            .set_constant_val(isl.Val.int_from_si(fp.get_ctx(), box[d] - 1)))
         if not spread.is_subset(limit):
             return False
         product = proj if product is None else product.flat_range_product(proj)
