@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from polyc.errors import ToolchainError
+from polyc import host
 from polyc.host import cpu_description
 from polyc.options import Options
 
@@ -152,15 +153,7 @@ def build_shared(source: CSource | str, options: Options, stem: str | None = Non
 
 
 def _write_atomically(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
-                               dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    host.write_atomically(path, text)
 
 
 def build_model_library(text: str, name: str, options: Options,

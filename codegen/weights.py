@@ -30,12 +30,12 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from polyc import host
 from polyc.errors import PolycError
 
 from .memplan import ALIGN, round_up
@@ -130,17 +130,7 @@ def weights_bytes(layout: WeightsLayout, values: Sequence[np.ndarray]) -> bytes:
 
 def write_atomically(path: str, blob: bytes) -> None:
     """Write ``blob`` to ``path`` atomically (a reader never sees half a file)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    host.write_atomically(path, blob)
 
 
 def digest(blob: bytes) -> str:

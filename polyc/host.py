@@ -3,12 +3,15 @@
 A leaf module that every layer may import: the scheduler's machine model
 (:mod:`polyc.schedule.machine`) reads the feature flags, and the code generator's build
 cache (:mod:`polyc.codegen.toolchain`) keys ``-march=native`` builds by the description.
+The files those per-machine caches keep are written by :func:`write_atomically`.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import platform
+import tempfile
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,3 +41,20 @@ def cpu_description() -> str:
 def cpu_key() -> str:
     """:func:`cpu_description` hashed: the name of this CPU's files in the cache."""
     return hashlib.sha256(cpu_description().encode()).hexdigest()[:16]
+
+
+def write_atomically(path: str, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` (its directory made if missing) so that a reader never
+    sees half a file: a temporary file beside it, then ``os.replace``."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                               dir=directory)
+    try:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

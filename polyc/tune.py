@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -232,15 +231,7 @@ def store(kernel: Kernel, options: Options, entry: dict[str, Any]) -> None:
     cpu = host.cpu_description()
     data = {"format": FORMAT, "machine": cpu.splitlines()[0] if cpu else "",
             "entries": entries}
-    fd, tmp = tempfile.mkstemp(prefix="tuning.", suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    host.write_atomically(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 # -- candidates --------------------------------------------------------------------------

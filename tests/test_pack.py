@@ -288,11 +288,12 @@ def test_strided_panel_probe(monkeypatch, tmp_path):
         assert ran == [(6, 16, 32), (4, 16, 32)]
         assert os.path.isfile(machine._probe_path())
         assert machine._probe_path().startswith(str(tmp_path))
+        assert machine.strided_panel_cost(6, 12, 32) == 1.0  # not whole vectors: not run
+        assert ran == [(6, 16, 32), (4, 16, 32)]
         monkeypatch.setattr(machine, "_run_probe", lambda *shape: None)
         machine.strided_panel_cost.cache_clear()
         assert machine.strided_panel_cost(6, 16, 32) == 1.7  # from the cache file
         assert machine.strided_panel_cost(4, 16, 32) == 1.2
-        assert machine.strided_panel_cost(6, 12, 32) == 1.0  # not whole vectors
         os.remove(machine._probe_path())
         machine.strided_panel_cost.cache_clear()
         assert machine.strided_panel_cost(6, 16, 32) == 1.0  # no probe, no file

@@ -7,7 +7,7 @@ import os
 import subprocess
 import tempfile
 
-from ..host import cpu_flags, cpu_key
+from ..host import cpu_flags, cpu_key, write_atomically
 
 #: assumed when /sys does not say (common L2 and L1 data sizes per core)
 DEFAULT_L2_BYTES = 1 << 20
@@ -165,7 +165,7 @@ int main(void) {
       t = now() - t;
       if (t < best[v]) best[v] = t;
     }
-  printf("%.4f %g\n", best[0] / best[1], (double)c[5]);
+  printf("%.4f %g\n", best[0] / best[1], (double)c[0]);
   return 0;
 }
 """
@@ -198,25 +198,27 @@ def strided_panel_cost(mr: int, nr: int, vector_bytes: int) -> float:
         return 1.0
     key = f"strided_panel_cost v{PROBE_VERSION} {mr}x{nr} {vector_bytes}"
     path = _probe_path()
-    known: dict = {}
-    try:
-        with open(path) as f:
-            known = json.load(f)
-        cached = known.get(key)
-        if isinstance(cached, (int, float)) and cached > 0:
-            return float(cached)
-    except (OSError, ValueError, AttributeError):
-        known = {}
+    cached = _read_probes(path).get(key)
+    if isinstance(cached, (int, float)) and cached > 0:
+        return float(cached)
     cost = _run_probe(mr, nr, vector_bytes)
     if cost is None:
         return 1.0
-    try:  # (a reader that finds the file half written runs the probe itself)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump({**(known if isinstance(known, dict) else {}), key: cost}, f)
+    try:  # (re-read: another process may have kept another shape meanwhile)
+        write_atomically(path, json.dumps({**_read_probes(path), key: cost}))
     except OSError:
         pass
     return cost
+
+
+def _read_probes(path: str) -> dict:
+    """The probes kept in ``path`` (empty where it is missing or unreadable)."""
+    try:
+        with open(path) as f:
+            known = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
 
 
 def _probe_path() -> str:

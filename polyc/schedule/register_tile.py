@@ -866,12 +866,19 @@ def _footprint_is_box(mark: isl.ScheduleNode, s: Statement, box: tuple[int, ...]
     if budget is None:
         return _is_box(prefix, write, box)
     private = isl.Context()
-    private.set_max_operations(budget)
     try:
-        return _is_box(isl.UnionMap.read_from_str(private, prefix.to_str()),
-                       isl.UnionMap.read_from_str(private, write.to_str()), box)
-    except isl.Error:  # past the budget (or a text isl cannot read back): undecided
-        return False
+        own = (isl.UnionMap.read_from_str(private, prefix.to_str()),
+               isl.UnionMap.read_from_str(private, write.to_str()))
+    except isl.Error:  # a text isl cannot read back: decided in the kernel's context
+        return _is_box(prefix, write, box)
+    private.set_max_operations(budget)
+    private.reset_operations()
+    try:
+        return _is_box(*own, box)
+    except isl.Error as e:
+        if "maximal number of operations" not in str(e):
+            raise
+        return False  # undecided within the budget: no register tile
 
 
 def _is_box(prefix: isl.UnionMap, write: isl.UnionMap, box: tuple[int, ...]) -> bool:
