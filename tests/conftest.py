@@ -119,6 +119,15 @@ def avx512_model(monkeypatch):
 
 
 @pytest.fixture
+def avx2_model(monkeypatch):
+    """The scheduler's machine model of an AVX2 CPU (16 vector registers of 256 bits),
+    whatever CPU runs the tests (:func:`avx512_model`'s counterpart)."""
+    from polyc.schedule import register_tile
+    monkeypatch.setattr(register_tile, "vector_bits", lambda: 256)
+    monkeypatch.setattr(register_tile, "vector_registers", lambda: 16)
+
+
+@pytest.fixture
 def tiny_l2(monkeypatch):
     """An L2 of 256 bytes (``POLYC_L2_BYTES``): small kernels take the fused path
     (:mod:`polyc.schedule.fuse`)."""

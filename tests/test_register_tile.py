@@ -354,7 +354,7 @@ def taps(float(M,T,K) A, float(NB,T,K,NI) W) -> (Y) {
         in line, line
 
 
-def test_few_row_tiles_prefetch_several_lines_a_step():
+def test_few_row_tiles_prefetch_several_lines_a_step(avx512_model):
     """Two 6-row tiles of 320 steps cannot prefetch the next panel's 1280 lines one a
     step: each step prefetches two (``2 * n`` and ``2 * n + 1``). A conv-like write
     ``Y(h, w, nb, ni)`` numbers its tiles along ``h`` (a loop outside the tile) as well:
@@ -426,3 +426,26 @@ def test_box_test_within_its_budget(monkeypatch):
     assert_matches_numpy(op(a, b), a @ b, rtol=1e-4, atol=1e-4)
     assert not _register_marks(op)
     assert "polyc_acc" not in op.c_source
+
+
+def test_tiles_that_overflow_avx2_registers_prefetch_nothing(avx2_model, monkeypatch):
+    """On 256-bit vectors (16 registers), a conv-like tile of 7 rows of two vectors needs
+    17 registers (gcc reads a column vector from memory in each FMA instead): it takes no
+    prefetch; 6 rows (15 registers) keep theirs. With AVX-512 the 7-row tile keeps its
+    prefetch. The sums are unchanged."""
+    src = """
+def rows(float(H,W,K) X, float(NB,K,NI) Wt) -> (Y) {
+    Y(h,w,nb,ni) +=! X(h,w,k) * Wt(nb,k,ni)
+}"""
+    for width, fetches in ((7, False), (6, True)):
+        conv = _define(src)
+        _check(conv, [(5, width, 64), (3, 64, 16)],
+               lambda X, W: np.einsum("hwk,bki->hwbi", X, W))
+        assert f"float polyc_acc[{width}][16]" in conv.c_source, conv.c_source
+        assert ("__builtin_prefetch" in conv.c_source) == fetches, width
+    monkeypatch.setattr(register_tile, "vector_bits", lambda: 512)
+    monkeypatch.setattr(register_tile, "vector_registers", lambda: 32)
+    conv = _define(src)
+    _check(conv, [(5, 7, 64), (3, 64, 64)], lambda X, W: np.einsum("hwk,bki->hwbi", X, W))
+    assert "float polyc_acc[7][64]" in conv.c_source, conv.c_source
+    assert "__builtin_prefetch" in conv.c_source
