@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polyc import dtypes as D
+from polyc.host import write_atomically
 from polyc.ir import Kernel, fixed_bytes
 from polyc.options import Options
 from polyc.program import Program
@@ -47,7 +48,7 @@ from .initial_values import reads_before_writing, reads_initial_values
 from .memplan import ALIGN, round_up
 from .model_runtime import ModelFiles
 from .nvcc import build_cuda
-from .weights import digest, write_atomically
+from .weights import digest
 from .model import ModelSource, _arg_arrays, _interface, _storage, kernel_key
 
 #: ``map(kernel) -> (kernel, gpu kernels)``: scheduling and :mod:`polyc.schedule.gpu_map`

@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 
 from polyc.errors import CallError, InternalError, PolycError, RunError
+from polyc.host import write_atomically
 from polyc.options import Options
 
 from .model import ModelSource, Tensor
 from .runtime import NUMPY_DTYPES, load_library
 from .toolchain import build_model_library
-from .weights import WeightsError, check_weights_file, digest, write_atomically
+from .weights import WeightsError, check_weights_file, digest
 
 
 

@@ -24,9 +24,10 @@ import threading
 from dataclasses import dataclass
 
 from polyc.errors import ToolchainError
+from polyc.host import write_atomically
 from polyc.options import Options
 
-from .toolchain import SANITIZE_FLAGS, _run_compiler, _write_atomically, file_stem
+from .toolchain import SANITIZE_FLAGS, _run_compiler, file_stem
 
 #: the emulation header, shipped as package data next to this module
 EMU_HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_emu.h")
@@ -122,7 +123,7 @@ def _build(tool: str, flags: list[str], text: str, stem: str, tag: str, cache: s
     library, source = base + ".so", base + ".cu"
     if os.path.exists(library):
         return library
-    _write_atomically(source, text)
+    write_atomically(source, text)
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(base) + ".", suffix=".so.tmp",
                                dir=cache)
     os.close(fd)
@@ -135,7 +136,7 @@ def _build(tool: str, flags: list[str], text: str, stem: str, tag: str, cache: s
         if done.returncode != 0:
             raise CudaToolchainError(command, done.returncode, done.stderr, source)
         if keep_stderr:
-            _write_atomically(base + ".ptxas.txt", done.stderr)
+            write_atomically(base + ".ptxas.txt", done.stderr)
         os.replace(tmp, library)
     finally:
         if os.path.exists(tmp):

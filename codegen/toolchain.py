@@ -28,8 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from polyc.errors import ToolchainError
-from polyc import host
-from polyc.host import cpu_description
+from polyc.host import cpu_description, write_atomically
 from polyc.options import Options
 
 from .c_family import CSource
@@ -133,7 +132,7 @@ def build_shared(source: CSource | str, options: Options, stem: str | None = Non
     library, source_path = base + ".so", base + ".c"
     if os.path.exists(library):
         return library
-    _write_atomically(source_path, text)
+    write_atomically(source_path, text)
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(base) + ".", suffix=".so.tmp",
                                dir=options.cache_dir)
     os.close(fd)
@@ -152,10 +151,6 @@ def build_shared(source: CSource | str, options: Options, stem: str | None = Non
     return library
 
 
-def _write_atomically(path: str, text: str) -> None:
-    host.write_atomically(path, text)
-
-
 def build_model_library(text: str, name: str, options: Options,
                         units: Sequence[str] | None = None) -> str:
     """Compile a model's library (cached like :func:`build_shared`).
@@ -172,7 +167,7 @@ def build_model_library(text: str, name: str, options: Options,
     library = base + ".so"
     if os.path.exists(library):
         return library
-    _write_atomically(base + ".c", text)
+    write_atomically(base + ".c", text)
     build_units(list(units), options, base)
     return library
 

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyc import host
 from polyc.errors import PolycError
 
 from .memplan import ALIGN, round_up
@@ -126,11 +125,6 @@ def weights_bytes(layout: WeightsLayout, values: Sequence[np.ndarray]) -> bytes:
                        layout.data_bytes, layout.header_bytes)
     header = (head + b"".join(table)).ljust(layout.header_bytes, b"\0")
     return header + data.tobytes()
-
-
-def write_atomically(path: str, blob: bytes) -> None:
-    """Write ``blob`` to ``path`` atomically (a reader never sees half a file)."""
-    host.write_atomically(path, blob)
 
 
 def digest(blob: bytes) -> str:

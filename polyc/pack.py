@@ -305,7 +305,7 @@ def _worth(kernel: Kernel, s: Statement, b: str, reads: list[E.Read], n: str, p:
 
 def strided_cost() -> float:
     """:func:`machine.strided_panel_cost` for this machine's float32 register tile."""
-    mr, nr = register_tile.machine_shape("float32", Options(register_tile=True)) or (6, 16)
+    mr, nr = register_tile.machine_shape("float32", Options(register_tile=True))
     return machine.strided_panel_cost(mr, nr, register_tile.vector_bits() // 8)
 
 
