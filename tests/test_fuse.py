@@ -284,7 +284,8 @@ def test_stencil_sweeps_fuse_rows_and_columns(tiny_l2, small_l1, n, threads):
     """The unrolled sweeps of jacobi-2d fuse along the rows and along the columns too,
     each sweep a row and a column behind the last: a band of tiles of both, which two
     threads run as a wavefront (one parallel region, each front's tiles shared) and
-    one thread row by row. Exact, in the two outputs, at sizes no multiple of a tile."""
+    one thread in tiles of whole rows, or row by row where two rows do not fit half
+    the L1. Exact, in the two outputs, at sizes no multiple of a tile."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "benchmarks"))
     from polybench_kernels import _jacobi_ref, jacobi_tc
     rng = np.random.default_rng(n)
@@ -302,10 +303,14 @@ def test_stencil_sweeps_fuse_rows_and_columns(tiny_l2, small_l1, n, threads):
         src = compiled.c_source
         region = src.index("#pragma omp parallel num_threads(2)\n")
         assert src.index("#pragma omp for\n", region) > region
-    else:
+    elif threads == 2 or n * 16 * 2 <= 4096 // fuse.COLUMN_L1_FRACTION:
+        # (one thread: tiles of whole rows, two of them at least in half the L1)
         assert 2 in _tiles_of_rows_and_columns(compiled.schedule)
         if threads == 2:
             assert "omp for" not in compiled.c_source
+    else:  # one thread, a row too long for two in half the L1: the rows fuse alone
+        assert fused_bands(compiled.schedule)
+        assert 2 not in _tiles_of_rows_and_columns(compiled.schedule)
 
 
 def test_stencil_columns_stay_apart_where_a_sweep_reads_whole_rows(tiny_l2, small_l1):

@@ -63,7 +63,8 @@ sweeps, each a row and a column behind the last). The fused band of rows and col
 is then permutable, marked ``fused:R:C``, and :mod:`.optimize` runs its tiles as a
 wavefront when several threads run, each nest sweeping its rows of a tile in turn
 (:func:`_column_tile` sizes them: a few column tiles a thread, the rows of one nest's
-arrays in half the L1). Parallel where the row loop was not: jacobi-2d at 1300, float,
+arrays in half the L1; on one thread whole rows, and only the rows fuse where one row
+fills that half). Parallel where the row loop was not: jacobi-2d at 1300, float,
 2 threads, 0.55x of the time (Zen 5 EPYC). Where a nest reads a whole row of an
 earlier one (atax), no shift keeps the dependences within a few columns and only the
 rows fuse.
@@ -660,19 +661,26 @@ COLUMN_L1_FRACTION = 2
 def _column_tile(run: list[_Nest], choice: list[tuple[int, int]],
                  columns: list[tuple[int, int]], kernel: Kernel, options: Options
                  ) -> _Columns | None:
-    """The rows and columns of a tile of a run fused along both: the columns cut the
-    first nest's column member into :data:`COLUMN_TILES` tiles a thread (a multiple of
-    16), the rows as many as let one nest's rows of its arrays in a tile (the points
+    """The rows and columns of a tile of a run fused along both: on several threads
+    the columns cut the first nest's column member into :data:`COLUMN_TILES` tiles a
+    thread (a multiple of 16), for the wavefront; on one thread a tile takes whole
+    rows. The rows: as many as let one nest's rows of its arrays in a tile (the points
     of the members below them included) fit :data:`COLUMN_L1_FRACTION` of the L1.
-    None on one thread where a tile would hold a single row."""
+    None on one thread where a tile would hold a single row.
+
+    One thread cuts no columns: shorter sweeps with skewed ends kept more of a tile in
+    the L1 but ran slower than whole rows fused from the L2 (Zen 2 EPYC, float32, A/B
+    in one run of ``bench_polybench``: jacobi-2d 3.56 -> 3.22 ms, its 9-point form
+    5.25 -> 4.52 ms, heat-3d 5.37 -> 5.41 ms)."""
     first = run[0]
     n = first.band.band_n_member()
     extents = [cache_blocks.member_extent(first.band, kernel, m) for m in range(n)]
     if any(e is None for e in extents):
         return None
     threads = machine.threads(options.threads) if options.parallel else 1
-    cols = -(-extents[columns[0][0]] // (COLUMN_TILES * threads))
-    cols = -(-cols // 16) * 16
+    cols = extents[columns[0][0]]
+    if threads > 1:
+        cols = -(-cols // (COLUMN_TILES * threads) // 16) * 16
     inner = 1
     for m in range(n):
         if m not in (choice[0][0], columns[0][0]):
