@@ -243,18 +243,26 @@ def test_legality_check_refuses_a_false_epilogue():
         check.check_schedule(sched.kernel, sched.deps, bad)
 
 
-def test_whole_reduction_follows_the_l1(monkeypatch):
-    """The rule reads the machine: with an L1 of 4 KB (``POLYC_L1D_BYTES``) the same
-    ``k = 600`` reduction is tiled again, its init kept, and the result the same."""
+@pytest.mark.parametrize("l2,whole", [(128 << 10, False), (1 << 20, True)])
+def test_whole_reduction_follows_the_caches(monkeypatch, l2, whole):
+    """The rule reads the machine: with an L1 of 4 KB (``POLYC_L1D_BYTES``) a register
+    tile's rows of the ``k = 600`` reduction do not fit it, and its 38 KB column panel
+    keeps the sum whole only in an L2 four times its size: in a 128 KB L2 (half of it
+    would hold the panel) the reduction is tiled again and its init kept, in a 1 MB
+    one not; the result the same."""
     from polyc.schedule import machine
     monkeypatch.setenv("POLYC_L1D_BYTES", "4096")
+    monkeypatch.setenv("POLYC_L2_BYTES", str(l2))
     machine.l1d_bytes.cache_clear()
+    machine.l2_bytes.cache_clear()
     try:
-        assert machine.l1d_bytes() == 4096
+        assert machine.l1d_bytes() == 4096 and machine.l2_bytes() == l2
         op = polyc.define(MATMUL, threads=1)
         a, b = random_inputs([((33, 600), "float32"), ((600, 70), "float32")])
         assert_matches_numpy(op(a, b), a @ b, **TOL)
-        assert not register_tile.dropped_inits(op.schedule)
+        assert bool(register_tile.dropped_inits(op.schedule)) == whole
     finally:
         monkeypatch.delenv("POLYC_L1D_BYTES")
+        monkeypatch.delenv("POLYC_L2_BYTES")
         machine.l1d_bytes.cache_clear()
+        machine.l2_bytes.cache_clear()

@@ -427,13 +427,18 @@ def reduction_chunk(mr: int, itemsize: int) -> int:
 
 def _whole_reduction(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
                      reg: register_tile.Plan) -> list[int]:
-    """``sizes`` with every reduction member whole when a register tile's rows of the
-    reduction (``MR x K`` of a matmul's ``A``) fit in the L1 data cache and its column
-    panel (``K x NR`` of ``B``) in half the L2: each register tile then sums its whole
-    reduction in registers, stored once, instead of copying its accumulators in and out
-    once per reduction chunk (:func:`reduction_chunk`). On a Zen 4 EPYC
-    (32 KB L1), one thread, float32: 128x768x3072 81 -> 88 GFLOP/s, 1024^3 101 -> 108;
-    2048^3 (its rows of ``A`` twice the L1) keeps its tiles."""
+    """``sizes`` with every reduction member whole when a register tile's column panel
+    (``K x NR`` of a matmul's ``B``) fits in half the L2 and either its rows of the
+    reduction (``MR x K`` of ``A``) fit in the L1 data cache or the panel fits in a
+    quarter of the L2: each register tile then sums its whole reduction in registers,
+    stored once, instead of copying its accumulators in and out once per reduction
+    chunk (:func:`reduction_chunk`) and restarting its streams. On a Zen 4 EPYC
+    (32 KB L1), one thread, float32: 128x768x3072 81 -> 88 GFLOP/s, 1024^3 101 -> 108.
+    Rows of ``A`` past the L1 stream through it once per panel either way; on a Zen 2
+    EPYC (32 KB L1, 512 KB L2, 6x16 tiles), A/B in one process, one thread: 2048^3
+    87.8 -> 90.6 GFLOP/s, 1024x2048x1024 87.6 -> 94.5, 512x2048x512 83.3 -> 90.9,
+    ResNet-50 0.986x the time; two threads 2048^3 165 -> 173. A panel of half the L2
+    (4096^3 there) does not: 84.9 -> 69.4."""
     flags = tiling.coincident_flags(node)
     depth = 1
     for i, coincident in enumerate(flags):
@@ -443,8 +448,9 @@ def _whole_reduction(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
                 return sizes
             depth *= extent
     item = D.itemsize(kernel.array(reg.array).dtype)
-    if not WHOLE_REDUCTION or reg.mr * depth * item > machine.l1d_bytes() \
-            or depth * reg.nr * item > machine.l2_bytes() // 2:
+    panel = depth * reg.nr * item
+    if not WHOLE_REDUCTION or panel > machine.l2_bytes() // 2 or \
+            (reg.mr * depth * item > machine.l1d_bytes() and panel > machine.l2_bytes() // 4):
         return sizes
     return [t if flags[i] else max(t, cache_blocks.member_extent(node, kernel, i) or t)
             for i, t in enumerate(sizes)]
