@@ -326,7 +326,7 @@ def blocked(float(M,K) A, float(NB,K,NI) W) -> (Y) {
     assert re.search(rf"\(uint64_t\)\((c\d+) \+ 32 < 320 \? {32 * 64 * 4} : "
                      rf"{64 * 4} \* \(320 - \1\)\) \+ 64u \* \(\(uint64_t\)\(\(polyc_lo0 / ",
                      line), line
-    assert f"% {32 * 64 * 4 // 64}u)), 0, 3);" in line and f" + {320 * 64 * 4}u" not in line
+    assert f"& {32 * 64 * 4 // 64 - 1}u)), 0, 3);" in line and f" + {320 * 64 * 4}u" not in line
     gpu = polyc.define(src, target="cuda", emulate=True)
     _check(gpu, shapes, ref)
     assert "__builtin_prefetch" not in gpu.cuda_source
@@ -347,7 +347,7 @@ def taps(float(M,T,K) A, float(NB,T,K,NI) W) -> (Y) {
            lambda A, W: np.einsum("mtk,btki->mbi", A, W))
     c = op.c_source
     assert re.search(r"const uint64_t polyc_pf_line0 = \(uint64_t\)\(\(polyc_lo0 / 6\) \* 96 \+ c\d+ \* 32 "
-                     r"\+ \(c\d+ - c\d+\)\) % 384u;", c), c
+                     r"\+ \(c\d+ - c\d+\)\) & 511u;", c), c
     line = next(x for x in c.splitlines() if "__builtin_prefetch" in x)
     assert f": {3 * 320 * 64 * 4} - {64 * 4} * c" in line, line  # the next block's first
     assert f"+ {320 * 64 * 4}u * ((polyc_pf_line0 / 128) % 3) + 64u * (polyc_pf_line0 % 128)" \
@@ -356,7 +356,8 @@ def taps(float(M,T,K) A, float(NB,T,K,NI) W) -> (Y) {
 
 def test_few_row_tiles_prefetch_several_lines_a_step(avx512_model):
     """Two 6-row tiles of 320 steps cannot prefetch the next panel's 1280 lines one a
-    step: each step prefetches two (``2 * n`` and ``2 * n + 1``). A conv-like write
+    step: each step prefetches two (``2 * n`` and ``2 * n + 1``), wrapped at 2048 (a
+    mask; the lines past 1280 fall on what follows the panel). A conv-like write
     ``Y(h, w, nb, ni)`` numbers its tiles along ``h`` (a loop outside the tile) as well:
     five of them, each prefetching its own lines. The sums are unchanged."""
     src = """
@@ -366,9 +367,9 @@ def blocked(float(M,K) A, float(NB,K,NI) W) -> (Y) {
     op = _define(src)
     _check(op, [(12, 320), (5, 320, 64)], lambda A, W: np.einsum("mk,bki->mbi", A, W))
     fetches = [x for x in op.c_source.splitlines() if "__builtin_prefetch" in x]
-    assert any(re.search(r"\(uint64_t\)\(2 \* \(\(polyc_lo0 / 6\) \* 320 \+ c\d+\)\) % 1280u\)", x)
+    assert any(re.search(r"\(uint64_t\)\(2 \* \(\(polyc_lo0 / 6\) \* 320 \+ c\d+\)\) & 2047u\)", x)
                for x in fetches), fetches
-    assert any(re.search(r"\(uint64_t\)\(2 \* \(\(polyc_lo0 / 6\) \* 320 \+ c\d+\) \+ 1\) % 1280u\)", x)
+    assert any(re.search(r"\(uint64_t\)\(2 \* \(\(polyc_lo0 / 6\) \* 320 \+ c\d+\) \+ 1\) & 2047u\)", x)
                for x in fetches), fetches
     conv = _define("""
 def rows(float(H,W,K) X, float(NB,K,NI) Wt) -> (Y) {
@@ -376,7 +377,7 @@ def rows(float(H,W,K) X, float(NB,K,NI) Wt) -> (Y) {
 }""")
     _check(conv, [(5, 7, 64), (3, 64, 64)], lambda X, W: np.einsum("hwk,bki->hwbi", X, W))
     line = next(x for x in conv.c_source.splitlines() if "__builtin_prefetch" in x)
-    assert re.search(r"\(\(uint64_t\)\(\(polyc_lo0\) \* 64 \+ c\d+\) % 256u\)", line), line
+    assert re.search(r"\(\(uint64_t\)\(\(polyc_lo0\) \* 64 \+ c\d+\) & 255u\)", line), line
 
 
 def test_packed_matmul_prefetches_the_next_panel_in_order():
@@ -397,7 +398,8 @@ def mm(float(M,K) A, float(K,N) B) -> (C) {
     mr, nr = register_tile.machine_shape("float32", polyc.Options())  # this CPU's
     line = next(x for x in op.c_source.splitlines() if "__builtin_prefetch" in x)
     assert f"+ {512 * nr * 4}u + 64u * ((uint64_t)((polyc_lo0 / {mr}) * 512 + " in line, line
-    assert line.rstrip().endswith(f"% {512 * nr * 4 // 64}u)), 0, 3);"), line
+    lines = 512 * nr * 4 // 64  # (a mask: the lines up to a power of two)
+    assert line.rstrip().endswith(f"& {(1 << (lines - 1).bit_length()) - 1}u)), 0, 3);"), line
 
 
 def test_reduction_chunk_follows_the_l1(monkeypatch):
