@@ -444,7 +444,7 @@ class _Walker:
 
             for (k ...) {
               __builtin_prefetch((const void *)((uintptr_t)&W[<the panel's first element>]
-                  + PANEL + 64 * ((polyc_lo<row> / MR * STEPS + <this step>) % LINES)), 0, 3);
+                  + PANEL + 64 * ((polyc_lo<row> / MR * STEPS + <this step>) & (P - 1))), 0, 3);
               <the rows' vector loops>
             }
 
@@ -453,7 +453,8 @@ class _Walker:
         ``U(pos, nb, k, ni)``, a packed matmul's ``Bb(nb, k, ni)`` whose lane ``ni`` is a
         part of the write's column ``NR * nb + ni``): the next panel, the one the
         thread's next column block reads, is the ``PANEL`` bytes (the stride of its
-        innermost block index, ``LINES`` cache lines) that follow this one. Only where
+        innermost block index, ``LINES`` cache lines, ``P`` that rounded up to a power
+        of two) that follow this one. Only where
         the tile sums its whole reduction (a reduction tile's next chunk, not the next
         panel, would come next: ResNet-50's stride-2 3x3 conv lost 15% at 2 threads
         prefetching the wrong one, the Winograd products as much prefetching along
@@ -1147,9 +1148,10 @@ CHUNK_PREFETCH = True
 #: at most this many lines a step where the tiles that read a panel have fewer steps
 #: than the next panel has lines (Winograd's products: three tiles of 16 rows)
 PREFETCH_LINES_MAX = 4
-#: wrap a step's prefetch line at the panel's lines rounded up to a power of two, a mask,
-#: instead of a % (a multiply and shifts a step); the lines past the panel's end fall on
-#: what follows it, and a prefetch does not fault. Zen 2 EPYC, one thread, A/B in one
+#: wrap a step's prefetch line in a panel of one run at the panel's lines rounded up to
+#: a power of two, a mask, instead of a % (a multiply and shifts a step); the lines past
+#: the panel's end fall on what follows it, and a prefetch does not fault (a panel of
+#: several runs keeps its %: its line's run and place divide anyway). Zen 2 EPYC, one thread, A/B in one
 #: process: matmul 64x784x512 73.3 -> 81.3 GFLOP/s, 128x768x3072 72.2 -> 78.1; mlp_b64
 #: 0.946 -> 0.875 ms, BERT layer 23.0 -> 21.6 ms; ResNet-50, MobileNetV2 1.00x
 PREFETCH_MASK = True
@@ -1182,8 +1184,8 @@ def _overflows_registers(p: Promotion, dtype: str) -> bool:
 def _line_prefetches(base: str, spread: str, per_step: int, lines: int, run_lines: int,
                      runs: list[tuple[int, int]]) -> list[cgen.Generable]:
     """The prefetches of one step: ``per_step`` consecutive lines from line ``per_step *
-    spread`` of the panel at address ``base``, wrapped at ``lines`` rounded up to a
-    power of two (:data:`PREFETCH_MASK`). A panel of several runs
+    spread`` of the panel at address ``base``, modulo ``lines`` (a panel of one run: a
+    mask at ``lines`` rounded up to a power of two, :data:`PREFETCH_MASK`). A panel of several runs
     (``runs``: each reduction loop's trips and the bytes between its runs, outermost
     first; ``run_lines`` lines a run) places a line by its run's digits and its place in
     the run."""
@@ -1195,8 +1197,8 @@ def _line_prefetches(base: str, spread: str, per_step: int, lines: int, run_line
         # matmul 2048 on AVX2's 6 x 16 tile (12 FMAs a step; Zen 2 EPYC); and a mask,
         # not a %, where the lines are not a power of two (:data:`PREFETCH_MASK`)
         wrap = 1 << (lines - 1).bit_length()
-        line = f"(uint64_t)({line}) & {wrap - 1}u" if PREFETCH_MASK or wrap == lines \
-            else f"(uint64_t)({line}) % {lines}u"
+        line = f"(uint64_t)({line}) & {wrap - 1}u" if (PREFETCH_MASK and not runs) or \
+            wrap == lines else f"(uint64_t)({line}) % {lines}u"
         if not runs:
             offset = f"64u * ({line})"
         else:  # the run the line falls in, and the line within the run

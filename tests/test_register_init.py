@@ -35,6 +35,15 @@ def maxplus(float(M,K) A, float(K,N) B) -> (C) {
 TOL = dict(rtol=1e-4, atol=1e-3)
 
 
+def _tiled_k() -> int:
+    """A reduction too deep to stay whole in registers (``optimize._whole_reduction``):
+    a register tile's rows of ``A`` past the L1, and its column panel past a quarter of
+    the L2."""
+    from polyc.schedule import machine
+    _, nr = register_tile.machine_shape("float32", polyc.Options())
+    return max(machine.l1d_bytes() // 4, machine.l2_bytes() // 4 // (4 * nr)) + 7
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m,k,n", [(37, 200, 45), (9, 3, 131), (70, 256, 66)])
 def test_untiled_reduction_starts_from_the_init(threads, m, k, n):
@@ -49,11 +58,11 @@ def test_untiled_reduction_starts_from_the_init(threads, m, k, n):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_tiled_reduction_keeps_the_init(threads):
-    """With ``k`` longer than one reduction tile (256) and a register tile's rows of
-    ``A`` larger than the L1 (so the reduction is not kept whole), an element is visited
-    once per tile: the accumulator must be loaded, and the zeroing stays."""
-    from polyc.schedule import machine
-    k = machine.l1d_bytes() // 4 + 7
+    """With ``k`` longer than one reduction tile (256), a register tile's rows of ``A``
+    larger than the L1 and its column panel than a quarter of the L2 (so the reduction
+    is not kept whole), an element is visited once per tile: the accumulator must be
+    loaded, and the zeroing stays."""
+    k = _tiled_k()
     op = polyc.define(MATMUL, threads=threads)
     a, b = random_inputs([((33, k), "float32"), ((k, 70), "float32")])
     assert_matches_numpy(op(a, b), a @ b, rtol=1e-4, atol=1e-3 * np.sqrt(k))
@@ -95,8 +104,7 @@ def test_checker_refuses_a_forged_init_mark():
     import islpy as isl
 
     from polyc.check import iter_nodes
-    from polyc.schedule import machine
-    k = machine.l1d_bytes() // 4 + 7  # (a reduction tiled: not whole in registers)
+    k = _tiled_k()  # (a reduction tiled: not whole in registers)
     op = polyc.define(MATMUL)
     a, b = random_inputs([((33, k), "float32"), ((k, 70), "float32")])
     op(a, b)
@@ -210,8 +218,7 @@ def test_what_takes_no_epilogue(src, why):
 
 
 def test_a_reduction_split_over_tiles_takes_no_epilogue():
-    from polyc.schedule import machine
-    k = machine.l1d_bytes() // 4 + 7  # (a reduction tiled: not whole in registers)
+    k = _tiled_k()  # (a reduction tiled: not whole in registers)
     op = polyc.define(MATMUL_THEN_SCALE, threads=1)
     a, b = random_inputs([((33, k), "float32"), ((k, 70), "float32")])
     assert_matches_numpy(op(a, b), 2 * (a @ b), rtol=1e-4, atol=1e-3 * np.sqrt(k))
@@ -246,10 +253,10 @@ def test_legality_check_refuses_a_false_epilogue():
 @pytest.mark.parametrize("l2,whole", [(128 << 10, False), (1 << 20, True)])
 def test_whole_reduction_follows_the_caches(monkeypatch, l2, whole):
     """The rule reads the machine: with an L1 of 4 KB (``POLYC_L1D_BYTES``) a register
-    tile's rows of the ``k = 600`` reduction do not fit it, and its 38 KB column panel
-    keeps the sum whole only in an L2 four times its size: in a 128 KB L2 (half of it
-    would hold the panel) the reduction is tiled again and its init kept, in a 1 MB
-    one not; the result the same."""
+    tile's rows of the ``k = 600`` reduction do not fit it, and its column panel
+    (``600 x NR``: 38 KB at 16 columns, 154 KB at 64) keeps the sum whole only in an L2
+    four times its size or more: in a 128 KB L2 the reduction is tiled again and its
+    init kept, in a 1 MB one not; the result the same."""
     from polyc.schedule import machine
     monkeypatch.setenv("POLYC_L1D_BYTES", "4096")
     monkeypatch.setenv("POLYC_L2_BYTES", str(l2))

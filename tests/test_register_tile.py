@@ -347,7 +347,7 @@ def taps(float(M,T,K) A, float(NB,T,K,NI) W) -> (Y) {
            lambda A, W: np.einsum("mtk,btki->mbi", A, W))
     c = op.c_source
     assert re.search(r"const uint64_t polyc_pf_line0 = \(uint64_t\)\(\(polyc_lo0 / 6\) \* 96 \+ c\d+ \* 32 "
-                     r"\+ \(c\d+ - c\d+\)\) & 511u;", c), c
+                     r"\+ \(c\d+ - c\d+\)\) % 384u;", c), c
     line = next(x for x in c.splitlines() if "__builtin_prefetch" in x)
     assert f": {3 * 320 * 64 * 4} - {64 * 4} * c" in line, line  # the next block's first
     assert f"+ {320 * 64 * 4}u * ((polyc_pf_line0 / 128) % 3) + 64u * (polyc_pf_line0 % 128)" \
