@@ -403,11 +403,12 @@ def mm(float(M,K) A, float(K,N) B) -> (C) {
 
 
 def test_reduction_chunk_follows_the_l1(monkeypatch):
-    """A register tile's reduction chunk keeps its ``MR`` rows of the row operand in a
-    quarter of the L1: 512 float32 steps of 6 rows on a 48 KB L1, 256 on a 32 KB one,
-    within 128..512; the fixed default where the rule is switched off."""
+    """A register tile's reduction chunk keeps its ``MR`` rows of the row operand in the
+    L1: 1024 float32 steps of 6 rows on a 48 KB or a 32 KB L1, 256 on an 8 KB one, 128
+    on a 2 KB one, within 128..1024; the fixed default where the rule is switched off."""
     from polyc.schedule import machine, optimize
-    for l1, chunk in ((48 * 1024, 512), (32 * 1024, 256), (8 * 1024, 128), (1 << 20, 512)):
+    for l1, chunk in ((48 * 1024, 1024), (32 * 1024, 1024), (8 * 1024, 256), (2048, 128),
+                      (1 << 20, 1024)):
         monkeypatch.setattr(machine, "l1d_bytes", lambda l1=l1: l1)
         assert optimize.reduction_chunk(6, 4) == chunk, l1
     monkeypatch.setattr(optimize, "CHUNK_FROM_L1", False)

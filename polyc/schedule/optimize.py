@@ -86,6 +86,10 @@ DEFAULT_TILE_VECTOR = 512
 DEFAULT_TILE_REDUCTION_REGISTER = 256
 #: size the register tile's reduction chunk from the L1 (:func:`reduction_chunk`)
 CHUNK_FROM_L1 = True
+#: the share of the L1 a register tile's rows of a reduction chunk take, and the longest
+#: chunk (:func:`reduction_chunk`)
+CHUNK_L1_FRACTION = 1
+CHUNK_MAX = 1024
 #: a register tile's whole reduction in one tile where its operands' strips fit the
 #: caches (:func:`_whole_reduction`; a switch for measurements)
 WHOLE_REDUCTION = True
@@ -411,18 +415,21 @@ def _program_order_points(points: isl.ScheduleNode, kernel: Kernel) -> isl.Sched
 
 def reduction_chunk(mr: int, itemsize: int) -> int:
     """The reduction tile of a register tile's reduction members: the largest power of
-    two (from 128 to 512) whose ``MR`` rows of the row operand (``MR x kc`` of matmul's
-    ``A``, reused at every column block) take at most a quarter of the L1 data cache,
-    beside the column panel streaming through it. Fewer chunks copy the accumulators
-    in and out fewer times. A 48 KB L1 (Zen 5) gets 512, a 32 KB one 256: on a Zen 5
-    EPYC, A/B in one process, one thread, 512 against 256: matmul 4096 235 -> 242
-    GFLOP/s, 512x4096x512 232 -> 238, 128x3072x768 205 -> 211; ResNet-50 and BERT
-    0.99x of the time; :data:`DEFAULT_TILE_REDUCTION_REGISTER` where
-    :data:`CHUNK_FROM_L1` is off."""
+    two (from 128 to :data:`CHUNK_MAX`) whose ``MR`` rows of the row operand (``MR x
+    kc`` of matmul's ``A``) fit in the L1 data cache (:data:`CHUNK_L1_FRACTION`). Fewer
+    chunks copy the accumulators in and out fewer times and restart the tile's streams
+    less often. A 32 KB or 48 KB L1 gets 1024 float32 steps of 6 rows. On a Zen 2 EPYC
+    (32 KB L1, 6x16 tiles), A/B in one process, one thread, 1024 against 256 (a quarter
+    of the L1, the rule before): matmul 4096 84.5 -> 91.3 GFLOP/s, 3072 85.2 -> 91.3,
+    128x3072x768 73.1 -> 76.3, 256x4096x1024 79.3 -> 84.3; two threads 4096 168 -> 177,
+    3072 168 -> 179; BERT 0.98x the time, ResNet-18/50 and MobileNetV2 1.00x. On a Zen 5
+    EPYC 512 against 256 had measured matmul 4096 235 -> 242 GFLOP/s, 512x4096x512
+    232 -> 238, 128x3072x768 205 -> 211 (1024 not measured there);
+    :data:`DEFAULT_TILE_REDUCTION_REGISTER` where :data:`CHUNK_FROM_L1` is off."""
     if not CHUNK_FROM_L1:
         return DEFAULT_TILE_REDUCTION_REGISTER
-    fit = machine.l1d_bytes() // 4 // max(1, mr * itemsize)
-    return max(128, min(512, 1 << max(0, fit.bit_length() - 1)))
+    fit = machine.l1d_bytes() // CHUNK_L1_FRACTION // max(1, mr * itemsize)
+    return max(128, min(CHUNK_MAX, 1 << max(0, fit.bit_length() - 1)))
 
 
 def _whole_reduction(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
