@@ -64,10 +64,10 @@ is then permutable, marked ``fused:R:C``, and :mod:`.optimize` runs its tiles as
 wavefront when several threads run, each nest sweeping its rows of a tile in turn
 (:func:`_column_tile` sizes them: a few column tiles a thread, the rows of one nest's
 arrays in half the L1; on one thread whole rows of the first nest, the others' shifted
-ends a second tile, and only the rows fuse where two rows do not fit that half). Parallel where the row loop was not: jacobi-2d at 1300, float,
-2 threads, 0.55x of the time (Zen 5 EPYC). Where a nest reads a whole row of an
-earlier one (atax), no shift keeps the dependences within a few columns and only the
-rows fuse.
+ends a second tile, and only the rows fuse where two rows do not fit that half).
+Parallel where the row loop was not: jacobi-2d at 1300, float, 2 threads, 0.55x of the
+time (Zen 5 EPYC). Where a nest reads a whole row of an earlier one (atax), no shift
+keeps the dependences within a few columns and only the rows fuse.
 :func:`polyc.check.check_schedule` verifies the result, as for every schedule.
 """
 from __future__ import annotations
@@ -664,8 +664,9 @@ def _column_tile(run: list[_Nest], choice: list[tuple[int, int]],
     """The rows and columns of a tile of a run fused along both: on several threads
     the columns cut the first nest's column member into :data:`COLUMN_TILES` tiles a
     thread (a multiple of 16), for the wavefront; on one thread a tile takes the first
-    nest's whole rows (the later nests' shifted ends fall in a second, narrow tile). The rows: as many as let one nest's rows of its arrays in a tile (the points
-    of the members below them included) fit :data:`COLUMN_L1_FRACTION` of the L1.
+    nest's whole rows (the later nests' shifted ends fall in a second, narrow tile).
+    The rows: as many as let one nest's rows of its arrays in a tile (the points of the
+    members below them included) fit :data:`COLUMN_L1_FRACTION` of the L1.
     None on one thread where a tile would hold a single row.
 
     One thread cuts no columns: shorter sweeps with skewed ends kept more of a tile in
