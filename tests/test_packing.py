@@ -119,15 +119,16 @@ def test_explicit_tiles_and_parametric_kernels_keep_their_rows():
 
 
 def test_near_tie_keeps_the_row_split(monkeypatch, avx512_model):
-    """1000 x 1000 x 1000 on 2 threads: a row split leaves each thread all of the packed
-    ``B`` (16 blocks of 64 columns: 2.4% more bytes than ``A``), a split of the column
+    """2040 x 256 x 2040 on 2 threads: a row split leaves each thread all of the packed
+    ``B`` (32 blocks of 64 columns: 0.4% more bytes than ``A``), a split of the column
     blocks all of ``A``. Within :data:`optimize.SHARED_SLACK` that is a tie, and the
     threads split the rows (each reuses its ``A`` block over every column block; matmul
     3000 by column blocks streamed ``A`` once per block); with no slack, the column
-    blocks. Both right."""
+    blocks: each thread's 16 blocks are a whole 4 KB of each row of ``C``, not a fine
+    split (``optimize.FINE_SPLIT_BYTES``). Both right."""
     from polyc.schedule import machine, optimize
     monkeypatch.setattr(machine, "l2_bytes", lambda: 1 << 20)  # (the tiles of a 1 MB L2)
-    shapes = [(1000, 1000), (1000, 1000)]
+    shapes = [(2040, 256), (256, 2040)]
 
     def parallel_loops(op):
         lines = op.c_source.splitlines()
@@ -136,8 +137,8 @@ def test_near_tie_keeps_the_row_split(monkeypatch, avx512_model):
     op = polyc.define(MATMUL, threads=2)
     _check(op, shapes, lambda A, B: A @ B)
     assert "_packed[" in op.c_source
-    assert re.match(r"for \(int64_t c0 = 0; c0 <= 999; c0 \+= \d+\)", parallel_loops(op)[-1])
+    assert re.match(r"for \(int64_t c0 = 0; c0 <= 2039; c0 \+= \d+\)", parallel_loops(op)[-1])
     monkeypatch.setattr(optimize, "SHARED_SLACK", 1.0)
     cols = polyc.define(MATMUL, threads=2)
     _check(cols, shapes, lambda A, B: A @ B)
-    assert parallel_loops(cols)[-1] == "for (int64_t c0 = 0; c0 <= 15; c0 += 1)"
+    assert parallel_loops(cols)[-1] == "for (int64_t c0 = 0; c0 <= 31; c0 += 1)"
