@@ -492,7 +492,7 @@ _UNARY = frozenset([
 _SCALED = frozenset(["QuantizeLinear", "DequantizeLinear"])
 #: pools that run channel-last (``polyc_layout`` ``"nhwc"``: onnx_ops_nn's pools) when
 #: their input is a Transpose from channel-last
-_POOLS = frozenset(["MaxPool"])
+_POOLS = frozenset(["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"])
 #: ops of several same-shaped operands, element by element (scalars broadcast)
 _NARY = frozenset(["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"])
 

@@ -775,22 +775,28 @@ def average_pool(node: Node, ctx: LowerContext) -> Lowered:
 
 
 def _global_pool(node: Node, ctx: LowerContext, op: str) -> Lowered:
+    """A sum (then divided by the plane's size) or a max over each plane. With the
+    node's ``polyc_layout`` ``"nhwc"`` (:func:`..onnx_layout.sink_transposes`), input and
+    output are channel-last: the channels, innermost, are the vector loop, and the
+    channel-last conv before it needs no transposition back to NCHW."""
     x, y = node.inputs[0], node.outputs[0]
     check_nonempty(node, ctx, x, y)
     dt = check_dtype(node, ctx, x, FLOATS)
     xs = ctx.shape(x)
+    if node.attr("polyc_layout", "") == "nhwc":  # as NCHW shapes
+        xs = (xs[0], xs[-1]) + tuple(xs[1:-1])
     k = len(xs) - 2
     if k < 1:
         raise unsupported(node, f"input rank {len(xs)} (at least 3: N, C, spatial...)")
     z, r = names("z", k), names("k", k)
-    out_idx = ["n", "c"] + z
+    out_idx = _pool_index(node, z)
     target = lhs(ctx.name(y), out_idx)
     ranges = [("n", 0, xs[0]), ("c", 0, xs[1])] + [(i, 0, 1) for i in z] + \
         [(r[d], 0, xs[d + 2]) for d in range(k)]
     if int(np.prod(xs[2:])) <= POOL_UNROLL:
         # a small plane (ResNet's 7x7): the taps unrolled into a balanced tree, no
         # loop-carried chain through the accumulator
-        taps = [read(ctx.name(x), ["n", "c"] + [str(i) for i in pos])
+        taps = [read(ctx.name(x), _pool_index(node, [str(i) for i in pos]))
                 for pos in np.ndindex(*xs[2:])]
         wide = dt
         if op == "+":
@@ -801,7 +807,7 @@ def _global_pool(node: Node, ctx: LowerContext, op: str) -> Lowered:
         if op == "+":
             value = f"({value}) / {literal(float(np.prod(xs[2:])), wide)}"
         return Lowered([f"{target} = {value}{where(ranges[:2 + k])}"])
-    stmts = [f"{target} {op}=! {read(ctx.name(x), ['n', 'c'] + r)}{where(ranges)}"]
+    stmts = [f"{target} {op}=! {read(ctx.name(x), _pool_index(node, r))}{where(ranges)}"]
     if op == "+":
         total = int(np.prod(xs[2:]))
         stmts.append(f"{target} = {target} / {literal(float(total), dt)}"

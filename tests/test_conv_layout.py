@@ -852,6 +852,38 @@ def test_pool_between_channel_last_convs_runs_channel_last(tmp_cache):
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("pool,attrs,hw", [
+    ("GlobalAveragePool", {}, (7, 6)),  # a small plane: its taps unrolled
+    ("GlobalAveragePool", {}, (13, 11)),  # a reduction over the plane
+    ("GlobalMaxPool", {}, (13, 11)),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), (13, 11)),
+    ("AveragePool", dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0],
+                         count_include_pad=1), (9, 10)),
+], ids=["gap_unrolled", "gap", "gmp", "avgpool", "avgpool_include_pad"])
+def test_pools_after_a_channel_last_conv_run_channel_last(pool, attrs, hw, tmp_cache):
+    """A global or average pool reading a channel-last Conv's output pools channel-last
+    (``polyc_layout`` ``"nhwc"``, its channels the vector loop): the transposition back
+    to NCHW moves below it, onto its smaller output (MobileNetV2's last conv wrote 7 x 7
+    x 1280 channel-last, and a transposition read all of it again before the pool). The
+    result is onnxruntime's, at 1 and 2 threads and on the CUDA target (emulated)."""
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node(pool, ["r"], ["y"], **attrs)]
+    h, w = hw
+    model, graph = _conv_graph("pooled", nodes, (1, 16, h, w), (1, 48) + (None, None),
+                               {"W1": (48, 16, 3)}, seed=6)
+    node, = [n for n in graph.nodes if n.op_type == pool]
+    assert node.attrs.get("polyc_layout") == "nhwc"
+    producer = {o: n for n in graph.nodes for o in n.outputs}
+    assert producer[node.inputs[0]].op_type != "Transpose"
+    _check_against_onnxruntime(model, tmp_cache)
+    feeds = _feeds(model)
+    cuda = polyc.compile_onnx(model, target="cuda", emulate=True,
+                              options=polyc.Options(cache_dir=tmp_cache))
+    np.testing.assert_allclose(cuda.run(None, feeds)[0], onnxruntime_outputs(model, feeds)[0],
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_uneven_parallel_member_gives_way_to_an_even_one():
     """When the threads' shares of the parallel member's tiles are uneven (144 channels
     in 64-channel register tiles: 128 + 16), another coincident member is cut for them
