@@ -620,7 +620,8 @@ def _parallel_member(node: isl.ScheduleNode, kernel: Kernel, sizes: list[int],
     MobileNetV2's 144 channels in 64-channel register tiles split 128 + 16, its 14 rows
     7 + 7), the one that leaves the fewest bytes
     read by every thread (:func:`_replicated_bytes`: what the threads all read is what
-    that member does not index): MLP's 64-row batch times a 784 x 512 weight matrix
+    that member does not index, or splits finely along an array's contiguous index,
+    :data:`FINE_SPLIT_BYTES`): MLP's 64-row batch times a 784 x 512 weight matrix
     split by rows had each thread stream all 1.6 MB of weights, split by column blocks
     each reads half of them and all of the 200 KB input; the default member where it
     leaves at most :data:`SHARED_SLACK` times the fewest (a near tie). A member in one
@@ -634,9 +635,10 @@ def _parallel_member(node: isl.ScheduleNode, kernel: Kernel, sizes: list[int],
     if not SPLIT_LEAST_SHARED or threads < 2 or reg is None or default not in cands \
             or len(cands) < 2:
         return default
-    costs = {i: _replicated_bytes(node, kernel, i, _busiest_share(
-        extents[i] or 1, _balanced(sizes, extents, i, reg, threads)[i], threads))
-        for i in cands}
+    costs = {i: _replicated_bytes(node, kernel, i, None if extents[i] is None else
+                                  _busiest_share(extents[i], _balanced(
+                                      sizes, extents, i, reg, threads)[i], threads))
+             for i in cands}
     if any(c is None for c in costs.values()):
         return default
     if BALANCE_TILES:  # of the members the threads share evenly (once cut by _balanced)
