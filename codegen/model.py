@@ -211,7 +211,8 @@ def kernel_key(kernel: Kernel) -> str:
                           value=expr(s.value), origin="") for s in kernel.statements)
     arrays = tuple(replace(a, name=new[a.name]) for a in kernel.arrays)
     parts = [repr((arrays, tuple(new[i] for i in kernel.inputs),
-                   tuple(new[o] for o in kernel.outputs), kernel.sizes, kernel.fixed_sizes)),
+                   tuple(new[o] for o in kernel.outputs), kernel.sizes, kernel.fixed_sizes,
+                   tuple(new[c] for c in kernel.constants if c in new))),
              str(kernel.context)]
     parts += [_statement_key(s) for s in stmts]
     return "\n".join(parts)

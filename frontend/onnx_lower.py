@@ -189,7 +189,8 @@ def _share_loops(kernel: Kernel, results: list[Lowered]) -> Kernel:
     written = {st.write.array for st in stmts}
     arrays = tuple(a for a in kernel.arrays if a.role != "temp" or a.name in written)
     return Kernel(kernel.name, kernel.sizes, arrays, tuple(stmts), kernel.inputs,
-                  kernel.outputs, kernel.context, kernel.fixed_sizes, tuple(order))
+                  kernel.outputs, kernel.context, kernel.fixed_sizes, tuple(order),
+                  constants=kernel.constants)
 
 
 class _ProgramBuilder:
@@ -290,6 +291,9 @@ class _ProgramBuilder:
             kernel = replace(kernel, exits=exits)
         self.verify(kernel, ctx, where, text)
         kernel = inline_pointwise(kernel)
+        weights = tuple(names[t] for t in inputs if t in graph.constants or t in self.extra)
+        if weights:
+            kernel = replace(kernel, constants=weights)
         args = inputs + [t for _, t in views] + outputs
         for c in checks:
             if c.buffer not in args:

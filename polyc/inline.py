@@ -157,4 +157,5 @@ def _inline(kernel: Kernel, i: int, j: int) -> Kernel:
     arrays = tuple(a for a in kernel.arrays if a.role != "temp" or a.name in used)
     return Kernel(kernel.name, kernel.sizes, arrays, tuple(stmts), kernel.inputs,
                   kernel.outputs, kernel.context, kernel.fixed_sizes,
-                  tuple(o for o in kernel.order if o[0] != s.name))
+                  tuple(o for o in kernel.order if o[0] != s.name),
+                  constants=kernel.constants)

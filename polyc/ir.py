@@ -150,6 +150,11 @@ class Kernel:
     #: exits with the folds when the schedule does not allow them). An optimization
     #: only: a target may run every step (CUDA does)
     exits: tuple[str, ...] = ()
+    #: inputs whose values are fixed before any run (a model's weights): every thread
+    #: may read them from a shared cache as they are, where an input that another kernel
+    #: has just written sits in the caches of the cores that wrote it. Scheduling hints
+    #: only (:func:`polyc.schedule.optimize._replicated_bytes`)
+    constants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.context is None:

@@ -70,7 +70,8 @@ def _rebuilt(kernel: Kernel, statements: list[Statement], order: Order,
     arrays = tuple(a for a in (arrays or kernel.arrays) if a.role != "temp" or a.name in used)
     return Kernel(kernel.name, kernel.sizes, arrays, tuple(statements), kernel.inputs,
                   kernel.outputs, kernel.context, kernel.fixed_sizes,
-                  tuple((s.name, order[s.name]) for s in statements))
+                  tuple((s.name, order[s.name]) for s in statements),
+                  constants=kernel.constants)
 
 
 def _alone(kernel: Kernel, stmt: str, what: str) -> int:

@@ -671,7 +671,20 @@ def _replicated_bytes(node: isl.ScheduleNode, kernel: Kernel, member: int,
         if _fine_split(kernel, s.write, it, share):
             arrays.add(s.write.array)
     sizes = [fixed_bytes(kernel, a) for a in arrays]
-    return None if None in sizes else sum(sizes)
+    if None in sizes:
+        return None
+    return sum(n * (1 if a in kernel.constants else WRITTEN_SHARE_COST)
+               for a, n in zip(arrays, sizes))
+
+
+#: what a byte of an array that another kernel may have just written costs each thread
+#: that reads it, against a byte of a constant (a model's weights, read from a shared
+#: cache as they are): those bytes sit in the writers' caches. On a 2-vCPU Zen 2 EPYC,
+#: two threads each updating 2 MB ran 3.3x longer when they swapped halves between
+#: parallel loops. MobileNetV2's 1x1 convs at 14x14 and 7x7 split their channels (each
+#: thread reading all of the input, 50 KB, rather than all of the weights, 98 KB), and
+#: the depthwise conv after each read half of its input from the other core
+WRITTEN_SHARE_COST = 3
 
 
 #: a thread's run of an array's contiguous (last) index shorter than this many bytes
