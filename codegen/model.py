@@ -199,7 +199,8 @@ def _functions(program: Program, schedule: Scheduler, options: Options,
 
 def kernel_key(kernel: Kernel) -> str:
     """Text that is equal for two kernels exactly when they differ only in the names of
-    the kernel and its arrays (arrays renamed ``a0, a1...`` in signature order)."""
+    the kernel and its arrays (arrays renamed ``a0, a1...`` in signature order) and
+    mark the same inputs constant."""
     order = list(kernel.inputs) + list(kernel.outputs) + [a.name for a in kernel.temporaries]
     new = {a: f"a{i}" for i, a in enumerate(order)}
 
@@ -210,9 +211,11 @@ def kernel_key(kernel: Kernel) -> str:
     stmts = tuple(replace(s, write=Access(new[s.write.array], s.write.indices),
                           value=expr(s.value), origin="") for s in kernel.statements)
     arrays = tuple(replace(a, name=new[a.name]) for a in kernel.arrays)
-    parts = [repr((arrays, tuple(new[i] for i in kernel.inputs),
-                   tuple(new[o] for o in kernel.outputs), kernel.sizes, kernel.fixed_sizes,
-                   tuple(new[c] for c in kernel.constants if c in new))),
+    key = (arrays, tuple(new[i] for i in kernel.inputs), tuple(new[o] for o in kernel.outputs),
+           kernel.sizes, kernel.fixed_sizes)
+    if kernel.constants:  # (a key without them is the one earlier caches hold)
+        key += (tuple(new[c] for c in kernel.constants if c in new),)
+    parts = [repr(key),
              str(kernel.context)]
     parts += [_statement_key(s) for s in stmts]
     return "\n".join(parts)

@@ -22,8 +22,9 @@ each block one contiguous stream), ``(KH, KW, C)`` for a depthwise one. Then
 that read it (bias, Relu, Clip, the residual Add) until it meets the next Conv's
 transposition to NHWC, and the pair cancels: a chain of convolutions runs channel-last
 from its first Conv to its last, and the graph transposes only where an op that needs
-NCHW reads (a reshape, an average pool, the graph's output); a MaxPool reading a
-transposition back to NCHW pools channel-last instead (``polyc_layout`` ``"nhwc"``), and
+NCHW reads (a reshape, the graph's output); a pool (max, average, global average or
+max) reading a transposition back to NCHW pools channel-last instead (``polyc_layout``
+``"nhwc"``; the transposition moves onto its output), and
 per-tensor QuantizeLinear / DequantizeLinear pass it on as elementwise ops do. The
 integer convolutions of a quantized model on 512-bit VNNI come between such
 transpositions too (:func:`.onnx_passes.convs_as_dot_products`), and this pass sinks

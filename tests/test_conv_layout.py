@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_models import onnxruntime_outputs
 
 import polyc
+from polyc import expr as E
 from polyc import model as model_module
 from polyc import pipeline
 from polyc.errors import PolycWarning
@@ -783,6 +784,21 @@ def test_depthwise_conv_threads_split_rows_not_a_pixels_channels(fine, tmp_cache
     assert head.group(1) == ("36" if fine else "31"), head.group(0)
 
 
+def test_fine_split_measures_the_span_a_thread_runs():
+    """A thread's run of ``j`` spans ``share`` elements of ``A(i, j)``, half as many of
+    ``A(i, j / 2)``: under 4 KB of float32 a fine split, at or over it not; ``A(i, 0)``
+    or an index ``j`` is not last in is no split of that array."""
+    k = from_tc("def f(float(N,M) A) -> (B) { B(i,j) = A(i, j/2) + A(j % 8, 0) where j in 0:M }"
+                ).specialize({"N": 8, "M": 4096})
+    s = k.statements[0]
+    half, col = E.reads(s.value)
+    j = s.iterators[1]
+    assert [optimize._fine_split(k, s.write, j, n) for n in (1000, 1024)] == [True, False]
+    assert [optimize._fine_split(k, half, j, n) for n in (2000, 2048)] == [True, False]
+    assert not optimize._fine_split(k, col, j, 10)
+    assert not optimize._fine_split(k, s.write, j, None)
+
+
 @pytest.mark.parametrize("cost", [3, 1])
 def test_threads_read_all_weights_before_all_of_a_written_input(cost, tmp_cache,
                                                                  monkeypatch):
@@ -877,15 +893,17 @@ def test_pool_between_channel_last_convs_runs_channel_last(tmp_cache):
                                rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("pool,attrs,hw", [
-    ("GlobalAveragePool", {}, (7, 6)),  # a small plane: its taps unrolled
-    ("GlobalAveragePool", {}, (13, 11)),  # a reduction over the plane
-    ("GlobalMaxPool", {}, (13, 11)),
-    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), (13, 11)),
+@pytest.mark.parametrize("pool,attrs,nhw", [
+    ("GlobalAveragePool", {}, (1, 7, 6)),  # a small plane: its taps unrolled
+    ("GlobalAveragePool", {}, (2, 13, 11)),  # a reduction over the plane
+    ("GlobalMaxPool", {}, (2, 7, 6)),
+    ("GlobalMaxPool", {}, (1, 13, 11)),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), (2, 13, 11)),
     ("AveragePool", dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0],
-                         count_include_pad=1), (9, 10)),
-], ids=["gap_unrolled", "gap", "gmp", "avgpool", "avgpool_include_pad"])
-def test_pools_after_a_channel_last_conv_run_channel_last(pool, attrs, hw, tmp_cache):
+                         count_include_pad=1), (1, 9, 10)),
+], ids=["gap_unrolled", "gap_batch2", "gmp_unrolled_batch2", "gmp", "avgpool_batch2",
+        "avgpool_include_pad"])
+def test_pools_after_a_channel_last_conv_run_channel_last(pool, attrs, nhw, tmp_cache):
     """A global or average pool reading a channel-last Conv's output pools channel-last
     (``polyc_layout`` ``"nhwc"``, its channels the vector loop): the transposition back
     to NCHW moves below it, onto its smaller output (MobileNetV2's last conv wrote 7 x 7
@@ -894,8 +912,8 @@ def test_pools_after_a_channel_last_conv_run_channel_last(pool, attrs, hw, tmp_c
     nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["a"], ["r"]),
              helper.make_node(pool, ["r"], ["y"], **attrs)]
-    h, w = hw
-    model, graph = _conv_graph("pooled", nodes, (1, 16, h, w), (1, 48) + (None, None),
+    n, h, w = nhw
+    model, graph = _conv_graph("pooled", nodes, (n, 16, h, w), (n, 48) + (None, None),
                                {"W1": (48, 16, 3)}, seed=6)
     node, = [n for n in graph.nodes if n.op_type == pool]
     assert node.attrs.get("polyc_layout") == "nhwc"

@@ -119,16 +119,17 @@ def test_explicit_tiles_and_parametric_kernels_keep_their_rows():
 
 
 def test_near_tie_keeps_the_row_split(monkeypatch, avx512_model):
-    """2040 x 256 x 2040 on 2 threads: a row split leaves each thread all of the packed
-    ``B`` (32 blocks of 64 columns: 0.4% more bytes than ``A``), a split of the column
+    """2100 x 256 x 2100 on 2 threads: a row split leaves each thread all of the packed
+    ``B`` (33 blocks of 64 columns: 0.6% more bytes than ``A``), a split of the column
     blocks all of ``A``. Within :data:`optimize.SHARED_SLACK` that is a tie, and the
     threads split the rows (each reuses its ``A`` block over every column block; matmul
     3000 by column blocks streamed ``A`` once per block); with no slack, the column
-    blocks: each thread's 16 blocks are a whole 4 KB of each row of ``C``, not a fine
-    split (``optimize.FINE_SPLIT_BYTES``). Both right."""
+    blocks: the busiest thread's 17 blocks are 4.25 KB of each row of ``C``, not a fine
+    split (``optimize.FINE_SPLIT_BYTES``). At 1000 x 1000 x 1000 each thread's columns
+    are 2 KB of a row, a fine split: the rows even with no slack. All right."""
     from polyc.schedule import machine, optimize
     monkeypatch.setattr(machine, "l2_bytes", lambda: 1 << 20)  # (the tiles of a 1 MB L2)
-    shapes = [(2040, 256), (256, 2040)]
+    shapes = [(2100, 256), (256, 2100)]
 
     def parallel_loops(op):
         lines = op.c_source.splitlines()
@@ -137,8 +138,11 @@ def test_near_tie_keeps_the_row_split(monkeypatch, avx512_model):
     op = polyc.define(MATMUL, threads=2)
     _check(op, shapes, lambda A, B: A @ B)
     assert "_packed[" in op.c_source
-    assert re.match(r"for \(int64_t c0 = 0; c0 <= 2039; c0 \+= \d+\)", parallel_loops(op)[-1])
+    assert re.match(r"for \(int64_t c0 = 0; c0 <= 2099; c0 \+= \d+\)", parallel_loops(op)[-1])
     monkeypatch.setattr(optimize, "SHARED_SLACK", 1.0)
     cols = polyc.define(MATMUL, threads=2)
     _check(cols, shapes, lambda A, B: A @ B)
-    assert parallel_loops(cols)[-1] == "for (int64_t c0 = 0; c0 <= 31; c0 += 1)"
+    assert parallel_loops(cols)[-1] == "for (int64_t c0 = 0; c0 <= 32; c0 += 1)"
+    fine = polyc.define(MATMUL, threads=2)
+    _check(fine, [(1000, 1000), (1000, 1000)], lambda A, B: A @ B)
+    assert re.match(r"for \(int64_t c0 = 0; c0 <= 999; c0 \+= \d+\)", parallel_loops(fine)[-1])

@@ -653,12 +653,13 @@ def _parallel_member(node: isl.ScheduleNode, kernel: Kernel, sizes: list[int],
 
 def _replicated_bytes(node: isl.ScheduleNode, kernel: Kernel, member: int,
                       share: int | None = None) -> int | None:
-    """Bytes of the arrays under ``node`` that every thread touches when the threads
-    split ``member`` (a thread's run of ``share`` iterations of it): those read by
-    accesses that do not use ``member``'s iterator, and those (read or written) whose
-    last, contiguous index alone uses it, where a thread's run of that index is under
-    :data:`FINE_SPLIT_BYTES` (:func:`_fine_split`). None when a statement's member is no
-    single iterator or a shape is not a number."""
+    """The cost, in bytes, of the arrays under ``node`` that every thread touches when
+    the threads split ``member`` (a thread's run of ``share`` iterations of it): those
+    read by accesses that do not use ``member``'s iterator, and those (read or written)
+    whose last, contiguous index alone uses it, where a thread's run of that index is
+    under :data:`FINE_SPLIT_BYTES` (:func:`_fine_split`). A byte of an array other than
+    the kernel's constants counts :data:`WRITTEN_SHARE_COST` bytes. None when a
+    statement's member is no single iterator or a shape is not a number."""
     arrays: set[str] = set()
     for name, it in member_iterators(node, member).items():
         if it is None:
@@ -698,8 +699,9 @@ FINE_SPLIT_BYTES = 4096
 
 def _fine_split(kernel: Kernel, access: E.Read | Access, it: str, share: int | None) -> bool:
     """Whether ``access`` uses ``it`` in its last index alone, and a thread's run of
-    ``share`` iterations of it spans fewer than :data:`FINE_SPLIT_BYTES` there (its
-    coefficient counted: a packed column block ``64 * nb + ni`` spans 64 columns)."""
+    ``share`` iterations of it spans fewer than :data:`FINE_SPLIT_BYTES` there (a packed
+    column block ``64 * nb + ni`` spans 64 columns an iteration, ``j // 2`` half of
+    one); an index the run does not move is no split."""
     if share is None or not access.indices:
         return False
     *outer, last = access.indices
@@ -709,11 +711,11 @@ def _fine_split(kernel: Kernel, access: E.Read | Access, it: str, share: int | N
     env = {**dict(kernel.fixed_sizes), **dict.fromkeys(idx, 0)}
     try:
         base = E.evaluate(last, env)
-        env[it] = 1
-        step = abs(E.evaluate(last, env) - base)
+        env[it] = share
+        span = abs(E.evaluate(last, env) - base)
     except (KeyError, ValueError, ZeroDivisionError):
         return False
-    return share * step * D.itemsize(kernel.array(access.array).dtype) < FINE_SPLIT_BYTES
+    return 0 < span * D.itemsize(kernel.array(access.array).dtype) < FINE_SPLIT_BYTES
 
 
 #: let the threads split the member that leaves them the fewest shared reads
