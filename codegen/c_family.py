@@ -1153,8 +1153,9 @@ PREFETCH_LINES_MAX = 4
 #: a power of two, a mask, instead of a % (a multiply and shifts a step); the lines past
 #: the panel's end fall on what follows it, and a prefetch does not fault (a panel of
 #: several runs keeps its %: its line's run and place divide anyway). Zen 2 EPYC, one
-#: thread, A/B in one process: matmul 64x784x512 73.3 -> 81.3 GFLOP/s, 128x768x3072 72.2 -> 78.1; mlp_b64
-#: 0.946 -> 0.875 ms, BERT layer 23.0 -> 21.6 ms; ResNet-50, MobileNetV2 1.00x
+#: thread, A/B in one process: matmul 64x784x512 73.3 -> 81.3 GFLOP/s, 128x768x3072
+#: 72.2 -> 78.1; mlp_b64 0.946 -> 0.875 ms, BERT layer 23.0 -> 21.6 ms; ResNet-50,
+#: MobileNetV2 1.00x
 PREFETCH_MASK = True
 #: tiles whose vectors overflow the registers (:func:`_overflows_registers`) prefetch
 #: nothing
@@ -1187,9 +1188,9 @@ def _line_prefetches(base: str, spread: str, per_step: int, lines: int, run_line
     """The prefetches of one step: ``per_step`` consecutive lines from line ``per_step *
     spread`` of the panel at address ``base``, modulo ``lines`` (a panel of one run: a
     mask at ``lines`` rounded up to a power of two, :data:`PREFETCH_MASK`). A panel of
-    several runs (``runs``: each reduction loop's trips and the bytes between its runs, outermost
-    first; ``run_lines`` lines a run) places a line by its run's digits and its place in
-    the run."""
+    several runs (``runs``: each reduction loop's trips and the bytes between its runs,
+    outermost first; ``run_lines`` lines a run) places a line by its run's digits and
+    its place in the run."""
     code: list[cgen.Generable] = []
     for j in range(per_step):
         line = spread if per_step == 1 else \

@@ -211,8 +211,8 @@ def kernel_key(kernel: Kernel) -> str:
     stmts = tuple(replace(s, write=Access(new[s.write.array], s.write.indices),
                           value=expr(s.value), origin="") for s in kernel.statements)
     arrays = tuple(replace(a, name=new[a.name]) for a in kernel.arrays)
-    key = (arrays, tuple(new[i] for i in kernel.inputs), tuple(new[o] for o in kernel.outputs),
-           kernel.sizes, kernel.fixed_sizes)
+    key = (arrays, tuple(new[i] for i in kernel.inputs),
+           tuple(new[o] for o in kernel.outputs), kernel.sizes, kernel.fixed_sizes)
     if kernel.constants:  # (a key without them is the one earlier caches hold)
         key += (tuple(new[c] for c in kernel.constants if c in new),)
     parts = [repr(key),

@@ -635,15 +635,14 @@ def _parallel_member(node: isl.ScheduleNode, kernel: Kernel, sizes: list[int],
     if not SPLIT_LEAST_SHARED or threads < 2 or reg is None or default not in cands \
             or len(cands) < 2:
         return default
+    cut = {i: _balanced(sizes, extents, i, reg, threads) for i in cands}
     costs = {i: _replicated_bytes(node, kernel, i, None if extents[i] is None else
-                                  _busiest_share(extents[i], _balanced(
-                                      sizes, extents, i, reg, threads)[i], threads))
+                                  _busiest_share(extents[i], cut[i][i], threads))
              for i in cands}
     if any(c is None for c in costs.values()):
         return default
     if BALANCE_TILES:  # of the members the threads share evenly (once cut by _balanced)
-        uneven = {i: _uneven(_balanced(sizes, extents, i, reg, threads), extents, i, threads)
-                  for i in cands}
+        uneven = {i: _uneven(cut[i], extents, i, threads) for i in cands}
         least = min(uneven.values())
         cands = [i for i in cands if uneven[i] <= least * BALANCE_SLACK]
     least = min(costs[i] for i in cands)  # (a near tie is a tie: the default's order)
@@ -697,7 +696,8 @@ WRITTEN_SHARE_COST = 3
 FINE_SPLIT_BYTES = 4096
 
 
-def _fine_split(kernel: Kernel, access: E.Read | Access, it: str, share: int | None) -> bool:
+def _fine_split(kernel: Kernel, access: E.Read | Access, it: str,
+                share: int | None) -> bool:
     """Whether ``access`` uses ``it`` in its last index alone, and a thread's run of
     ``share`` iterations of it spans fewer than :data:`FINE_SPLIT_BYTES` there (a packed
     column block ``64 * nb + ni`` spans 64 columns an iteration, ``j // 2`` half of
