@@ -436,7 +436,7 @@ class BodyPrinter:
             element = self.element(e.array, e.indices)
             return element if e.array in self.promoted else load(t, element)
         if isinstance(e, E.Cast):
-            clamped = clamped_narrowing(e, e.dtype)
+            clamped = E.clamped_narrowing(e, e.dtype)
             wide = self.clamp(clamped) if clamped is not None else None
             if wide is not None:  # through int32 (the same value: it is in range), which
                 # gcc 12 narrows in vectors (vpmovdb); a float to byte conversion it
@@ -470,7 +470,7 @@ class BodyPrinter:
         raise InternalError(f"cannot print expression {e!r}")
 
     def clamp(self, clamped: E.Call) -> Piece | None:
-        """A :func:`clamped_narrowing` value as one ``polyc_clamp_hi`` / ``_lo`` call (a
+        """A :func:`polyc.expr.clamped_narrowing` value as one ``polyc_clamp_hi`` / ``_lo`` call (a
         vminps and a vmaxps; the NaN-aware ``polyc_fmaxf(lo, polyc_fminf(hi, x))`` it
         replaces gives the same value once converted); None for other float types."""
         t = self.dtype(clamped)
@@ -1272,25 +1272,3 @@ def _rounded_sum(x: E.Expr, dtype_of) -> tuple[E.Expr, E.Expr | None] | None:
                 zero = isinstance(literal, E.Const) and literal.value == 0
                 return bare(r).args[0], None if zero else c
     return None
-
-
-def clamped_narrowing(e: E.Expr, dtype: str) -> E.Expr | None:
-    """``max(lo, min(hi, x))`` (or ``min(hi, max(lo, x))``) of ``T(...)``, a floating value
-    clamped to constants within the range of ``T``, an integer type narrower than 32
-    bits; else None."""
-    d = D.get(dtype)
-    if not (isinstance(e, E.Cast) and e.dtype == dtype and d.kind in "iu" and d.itemsize < 4):
-        return None
-    lo, hi = d.limits
-    outer = e.x
-    if not (isinstance(outer, E.Call) and outer.fn in ("max", "min") and len(outer.args) == 2):
-        return None
-    inner = outer.args[1]
-    if not (isinstance(inner, E.Call) and {outer.fn, inner.fn} == {"max", "min"}
-            and len(inner.args) == 2):
-        return None
-    bounds = {outer.fn: outer.args[0], inner.fn: inner.args[0]}
-    if not all(isinstance(b, E.Const) and isinstance(b.value, (int, float))
-               and lo <= b.value <= hi for b in bounds.values()):
-        return None
-    return outer

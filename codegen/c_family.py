@@ -79,7 +79,6 @@ from .c_expr import (
     Namer,
     Piece,
     compute_ctype,
-    clamped_narrowing,
     hoist_roundings,
     isl_expr,
     literal,
@@ -891,7 +890,7 @@ class _Walker:
         target = printer.element(stmt.write.array,
                                  tuple(E.map_expr(ix, sub) for ix in stmt.write.indices))
         value_e = E.map_expr(stmt.value, sub)
-        clamped = clamped_narrowing(value_e, dtype) if stmt.op == "=" else None
+        clamped = E.clamped_narrowing(value_e, dtype) if stmt.op == "=" else None
         if clamped is not None:
             t = printer.dtype(clamped)
             wide = (printer.clamp(clamped) or printer.expr(clamped, t)).text

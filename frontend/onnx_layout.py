@@ -496,6 +496,11 @@ _SCALED = frozenset(["QuantizeLinear", "DequantizeLinear"])
 _POOLS = frozenset(["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"])
 #: ops of several same-shaped operands, element by element (scalars broadcast)
 _NARY = frozenset(["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"])
+#: ops of one tensor and parameters per channel (axis 1) or scalar, element by element,
+#: that run channel-last (``polyc_layout`` ``"nhwc"``: the parameters then index the last
+#: axis) when their tensor is a Transpose from channel-last: the requantization of a
+#: quantized convolution's sums
+_PER_CHANNEL = frozenset(["PolycRequantize"])
 
 
 def sink_transposes(graph: Graph, stats: Counter | None = None) -> Graph:
@@ -528,6 +533,8 @@ def sink_transposes(graph: Graph, stats: Counter | None = None) -> Graph:
                 n.inputs[0] in source and source[n.inputs[0]][1] == TO_NCHW and \
                 not n.attrs.get("polyc_layout"):
             return TO_NCHW  # it pools channel-last instead (polyc_layout "nhwc")
+        if n.op_type in _PER_CHANNEL:
+            return TO_NCHW if _channel_last_ready(n, source, tensors) else None
         if len(n.outputs) != 1 or n.op_type not in _UNARY | _SCALED | _NARY:
             return None
         wide = [t for t in n.inputs if not scalar(t)]
@@ -560,7 +567,8 @@ def sink_transposes(graph: Graph, stats: Counter | None = None) -> Graph:
             for i, p in enumerate(perm):
                 shape[p] = tensors[y].shape[i]
             tensors[inner] = TensorInfo(inner, tensors[y].dtype, tuple(shape))
-            attrs = {**n.attrs, "polyc_layout": "nhwc"} if n.op_type in _POOLS else n.attrs
+            attrs = {**n.attrs, "polyc_layout": "nhwc"} \
+                if n.op_type in _POOLS | _PER_CHANNEL else n.attrs
             nodes.append(dataclasses.replace(
                 n, inputs=tuple(source[t][0] if t in source else t for t in n.inputs),
                 outputs=(inner,), attrs=attrs))
@@ -572,6 +580,29 @@ def sink_transposes(graph: Graph, stats: Counter | None = None) -> Graph:
             source[n.outputs[0]] = (n.inputs[0], _perm(n, tensors))
         nodes.append(n)
     return dataclasses.replace(graph, nodes=tuple(nodes), tensors=tensors)
+
+
+def _channel_last_ready(n: Node, source: dict[str, tuple[str, tuple[int, ...]]],
+                        tensors) -> bool:
+    """Whether the per-channel op ``n`` (:data:`_PER_CHANNEL`) can run channel-last
+    below the Transpose of its first input: that Transpose brings it from channel-last,
+    ``n`` is still NCHW and of one shape with it, and every other input is a scalar or a
+    vector along the channels."""
+    x = n.inputs[0]
+    if len(n.outputs) != 1 or x not in source or source[x][1] != TO_NCHW or \
+            n.attrs.get("polyc_layout") or \
+            tensors[x].shape != tensors[n.outputs[0]].shape:
+        return False
+    channels = tensors[x].shape[1]
+    for t in n.inputs[1:]:
+        if not t:
+            continue
+        if t in source:
+            return False
+        shape = tensors[t].shape
+        if any(d != 1 for d in shape) and tuple(shape) != (channels,):
+            return False
+    return True
 
 
 def _perm(n: Node, tensors) -> tuple[int, ...]:

@@ -253,8 +253,8 @@ def requantize(node: Node, ctx: LowerContext) -> Lowered:
     an int32 bias per output channel."""
     acc, xs_, ws_, ys_, zy = node.inputs[:5]
     bias = node.inputs[5] if present(node, 5) else ""
-    flat = ctx.rank(acc) == 3 and ctx.rank(node.outputs[0]) > 3 or \
-        node.attr("polyc_layout", "") == "nhwc"
+    # the sums over flat pixels (a dot-product convolution's), or shaped as the output
+    flat = tuple(ctx.shape(acc)) != tuple(ctx.shape(node.outputs[0]))
     return Lowered([_requantize(node, ctx, ctx.name(acc), xs_, ws_, ys_,
                                 zy, node.outputs[0], bias, flat)])
 

@@ -353,3 +353,25 @@ def _join(x: tuple[str, bool], y: tuple[str, bool]) -> tuple[str, bool]:
 
 def _is_float(dtype: str) -> bool:
     return dtype in D.FLOATS
+
+
+def clamped_narrowing(e: Expr, dtype: str) -> Expr | None:
+    """``max(lo, min(hi, x))`` (or ``min(hi, max(lo, x))``) of ``T(...)``, a floating value
+    clamped to constants within the range of ``T``, an integer type narrower than 32
+    bits; else None."""
+    d = D.get(dtype)
+    if not (isinstance(e, Cast) and e.dtype == dtype and d.kind in "iu" and d.itemsize < 4):
+        return None
+    lo, hi = d.limits
+    outer = e.x
+    if not (isinstance(outer, Call) and outer.fn in ("max", "min") and len(outer.args) == 2):
+        return None
+    inner = outer.args[1]
+    if not (isinstance(inner, Call) and {outer.fn, inner.fn} == {"max", "min"}
+            and len(inner.args) == 2):
+        return None
+    bounds = {outer.fn: outer.args[0], inner.fn: inner.args[0]}
+    if not all(isinstance(b, Const) and isinstance(b.value, (int, float))
+               and lo <= b.value <= hi for b in bounds.values()):
+        return None
+    return outer

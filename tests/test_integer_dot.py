@@ -316,6 +316,33 @@ def test_small_cnn_qdq_same_on_both_paths(both_paths):
     np.testing.assert_array_equal(dot.run(None, feeds)[0], plain.run(None, feeds)[0])
 
 
+def test_exact_float_qdq_convs_requantize_channel_last(monkeypatch):
+    """Without integer dot products a QDQ convolution sums exactly in float32, channel-
+    last: its requantization (per output channel) runs channel-last too, in the copy-out
+    of the conv's register tile, so no transposition is left between two convolutions
+    and no requantization pass of its own; the result is the integer path's, bit for
+    bit (26, 13 and 7 pixels a side: partial tiles of 6 or 7 rows)."""
+    import onnx_models as M
+    model = M.small_cnn(size=26)
+    q = M.quantize_qdq(model, [M.input_feeds(model, seed=s) for s in (3, 4)])
+    monkeypatch.setattr(machine, "has_integer_dot", lambda: False)
+    plain = polyc.compile_onnx(q)
+    kernels = re.findall(r"^static int (polyc_k\w+)\((.*?)^}", plain.c_source, re.M | re.S)
+    names = [k for k, _ in kernels]
+    convs = [(k, body) for k, body in kernels if re.search(r"_Conv_\d+$", k)]
+    assert len(convs) == 3, names
+    # each conv's register tiles are requantized as they are copied out: clamped into
+    # int32, then narrowed to the bytes
+    assert all("polyc_narrow[" in body for _, body in convs), names
+    assert not any(k.endswith(("_requantize", "_to_nchw")) and "Gemm" not in k
+                   for k in names), names
+    monkeypatch.setattr(machine, "has_integer_dot", lambda: True)
+    monkeypatch.setattr(machine, "has_vnni512", lambda: False)
+    dot = polyc.compile_onnx(q)
+    feeds = M.input_feeds(model, seed=2)
+    np.testing.assert_array_equal(plain.run(None, feeds)[0], dot.run(None, feeds)[0])
+
+
 def test_dot_tile_shapes_fit_the_registers():
     """Dot-product tiles: every accumulator is a vector register, so a shape (the
     tuner's column-form 8 x 64 included) is cut to fit them; for known extents the

@@ -444,6 +444,8 @@ def _one_statement(node: isl.ScheduleNode, kernel: Kernel
 
 #: the most unrolled rows of a register tile (a one-vector-wide tile could take more)
 MAX_ROWS = 16
+#: whether a row more than the registers hold is a candidate where it divides the extent
+SPILL_ROW = True
 
 
 def fit_shape(mr: int, nr: int, lanes: int, ext_u: int | None,
@@ -465,7 +467,7 @@ def fit_shape(mr: int, nr: int, lanes: int, ext_u: int | None,
     if ext_u is None:
         return min(mr, cap), nr
     rows = list(range(1, cap + 1))
-    if cap < MAX_ROWS and ext_u % (cap + 1) == 0:
+    if SPILL_ROW and cap < MAX_ROWS and ext_u % (cap + 1) == 0:
         rows.append(cap + 1)
     best = min(rows, key=lambda r: (-(-ext_u // r), ext_u % r != 0, -r))
     return best, nr
@@ -753,12 +755,16 @@ def epilogue_of(mark: isl.ScheduleNode, kernel: Kernel) -> str:
         return ""
     out_dtype = kernel.array(e.write.array).dtype
     if out_dtype != a.dtype and not mark_quad(name) \
-            and not (D.get(out_dtype).storage_only and D.get(out_dtype).compute == a.dtype):
+            and not (D.get(out_dtype).storage_only and D.get(out_dtype).compute == a.dtype) \
+            and not (a.dtype == "float32" and e.op == "=" and
+                     E.clamped_narrowing(e.value, out_dtype) is not None):
         # a conversion (int32 sums requantized to uint8 in double) ran 7% slower at the
         # copy-out of a dot-product tile than in its own vectorized pass (ResNet-50 int8);
         # a byte dot product's column tile saves its sums' passes over memory, and a
         # float16 store (the float32 sums rounded, a few bit operations) its own pass
-        # over them (ResNet-50 float16: each residual block's sums went through memory)
+        # over them (ResNet-50 float16: each residual block's sums went through memory),
+        # and so does a float32 tile clamped into bytes (the exact float sums of a
+        # quantized convolution, requantized in float: ResNet-50 int8 on AVX2)
         return ""
     order = [t.name for t in kernel.statements]
     written = {t.write.array for t in kernel.statements}
