@@ -587,6 +587,29 @@ def test_sink_transposes_leaves_broadcasts_alone():
     assert [n.op_type for n in g.nodes] == ["Transpose", "Add"]
 
 
+@pytest.mark.parametrize("multiplier, sinks", [((2,), True), ((1,), True), ((3,), False)],
+                         ids=["per-channel", "scalar", "other-length"])
+def test_sink_transposes_through_a_requantization(multiplier, sinks):
+    """PolycRequantize of a transposition from channel-last runs channel-last
+    (``polyc_layout`` nhwc, its multiplier then indexing the last axis) when its other
+    inputs are scalars or vectors along the channels; a vector of another length keeps
+    the Transpose above it."""
+    from polyc.frontend.onnx_graph import Node
+    from polyc.frontend.onnx_layout import sink_transposes
+    shapes = {"x": (1, 3, 4, 2), "t": (1, 2, 3, 4), "k": multiplier, "y": (1, 2, 3, 4)}
+    nodes = [Node("a", "Transpose", ("x",), ("t",), {"perm": [0, 3, 1, 2]}),
+             Node("q", "PolycRequantize", ("t", "k", "", "", ""), ("y",),
+                  {"polyc_multiplier": 1})]
+    g = sink_transposes(_graph(nodes, ["x", "k"], ["y"], shapes))
+    q = next(n for n in g.nodes if n.op_type == "PolycRequantize")
+    if sinks:
+        assert q.inputs[0] == "x" and q.attrs["polyc_layout"] == "nhwc"
+        assert g.tensors[q.outputs[0]].shape == (1, 3, 4, 2)
+        assert [n.op_type for n in g.nodes] == ["Transpose", "PolycRequantize", "Transpose"]
+    else:
+        assert q.inputs[0] == "t" and "polyc_layout" not in q.attrs
+
+
 def test_sink_transposes_with_a_transposed_scalar_operand():
     """Add(Transpose(s), Transpose(v)) with s all ones: the sunk Add has v's shape
     (review: it took the first transposed operand's, the scalar's)."""
