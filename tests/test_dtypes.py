@@ -82,6 +82,31 @@ def g(int64(N) X, float(N) F) -> (W, T, MX, MN) {{
     np.testing.assert_array_equal(mn, [x.astype(dt).min()])
 
 
+@pytest.mark.parametrize("dt", ["int8", "uint8", "int16", "uint16"])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_narrow_max_and_min_run_in_their_own_type(dt, scheduler):
+    """A max or min of 8- or 16-bit integers (nested, as a max pool's tree) is computed
+    in their own type, not promoted to 32 bits (gcc then vectorizes bytes as bytes), a
+    literal operand too (the TC types it as the other). The values are numpy's, at the
+    type's limits and over 1001 elements (no whole vector)."""
+    op = polyc.define(f"""
+def m({dt}(N) A, {dt}(N) B, {dt}(N) C) -> (X, Y, Z) {{
+  X(i) = max(max(A(i), B(i)), max(C(i), A(i)))
+  Y(i) = min(A(i), min(B(i), C(i)))
+  Z(i) = max(A(i), 3)
+}}""", scheduler=scheduler)
+    info = np.iinfo(dt)
+    rng = np.random.default_rng(7)
+    a, b, c = (rng.integers(info.min, int(info.max) + 1, 1001).astype(dt) for _ in range(3))
+    a[:4] = [info.min, info.max, info.min, info.max]
+    x, y, z = op(a, b, c)
+    np.testing.assert_array_equal(x, np.maximum(np.maximum(a, b), c))
+    np.testing.assert_array_equal(y, np.minimum(np.minimum(a, b), c))
+    np.testing.assert_array_equal(z, np.maximum(a.astype(np.int64), 3).astype(dt))
+    suffix = ("_u" if dt.startswith("u") else "_i") + dt.lstrip("uint")
+    assert f"polyc_max{suffix}(" in op.c_source and f"polyc_min{suffix}(" in op.c_source
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_float16_elementwise_rounds_each_operation(scheduler):
     op = polyc.define("""
