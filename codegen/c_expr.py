@@ -566,6 +566,15 @@ class BodyPrinter:
 
     def _call(self, e: E.Call, t: str) -> Piece:
         fn = e.fn
+        narrow = self._narrow(e) if fn in ("max", "min") and t in _SUFFIX else None
+        if narrow is not None:
+            # of bytes (or 16-bit values): in their own type (the same value, one of the
+            # operands), which gcc vectorizes as bytes; promoted, in 32-bit lanes (a
+            # uint8 max pool: 4x the instructions)
+            return call(f"polyc_{fn}{_NARROW_SUFFIX[narrow]}",
+                        *[self._call(a, narrow) if isinstance(a, E.Call) and
+                          a.fn in ("max", "min") and self._own(a) != narrow else
+                          self.expr(a, narrow) for a in e.args])
         args = [self.expr(a, t) for a in e.args]
         if t == "bool":  # max/min/abs/relu of truth values
             return binary({"max": "||", "min": "&&"}[fn], *args) if fn in ("max", "min") \
@@ -574,15 +583,6 @@ class BodyPrinter:
             if t not in _SUFFIX:
                 raise InternalError(f"{fn} of a {t} value (integers only)")
             return _bit_op(fn, t, args)
-        if fn in ("max", "min") and t in _SUFFIX and self._narrow(e) is not None:
-            # of bytes (or 16-bit values): in their own type (the same value, one of the
-            # operands), which gcc vectorizes as bytes; promoted, in 32-bit lanes (a
-            # uint8 max pool: 4x the instructions)
-            narrow = self._narrow(e)
-            return call(f"polyc_{fn}{_NARROW_SUFFIX[narrow]}",
-                        *[self._call(a, narrow) if isinstance(a, E.Call) and
-                          a.fn in ("max", "min") and self._own(a) != narrow else
-                          self.expr(a, narrow) for a in e.args])
         if t in _SUFFIX:  # integer max/min/abs/relu
             if fn == "relu":
                 return call("polyc_max" + _SUFFIX[t], args[0], literal(0, t))
@@ -827,8 +827,8 @@ def _prelude(huge_pages: bool = True) -> str:
             f"static inline {ct} polyc_min{sfx}({ct} a, {ct} b) {{ return a < b ? a : b; }}",
             f"static inline {ct} polyc_max{sfx}({ct} a, {ct} b) {{ return a > b ? a : b; }}",
             f"static inline {ct} polyc_abs{sfx}({ct} a) {{ return a; }}"]
-    for ct in ("uint8_t", "int8_t", "uint16_t", "int16_t"):  # (_NARROW_SUFFIX)
-        sfx = ("_u" if ct.startswith("u") else "_i") + ct[ct.index("int") + 3:-2]
+    for name, sfx in _NARROW_SUFFIX.items():
+        ct = CTYPES[name]
         lines += [
             f"static inline {ct} polyc_min{sfx}({ct} a, {ct} b) {{ return a < b ? a : b; }}",
             f"static inline {ct} polyc_max{sfx}({ct} a, {ct} b) {{ return a > b ? a : b; }}"]

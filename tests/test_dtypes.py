@@ -89,12 +89,13 @@ def test_narrow_max_and_min_run_in_their_own_type(dt, scheduler):
     in their own type, not promoted to 32 bits (gcc then vectorizes bytes as bytes), a
     literal operand too (the TC types it as the other). The values are numpy's, at the
     type's limits and over 1001 elements (no whole vector)."""
-    op = polyc.define(f"""
+    src = f"""
 def m({dt}(N) A, {dt}(N) B, {dt}(N) C) -> (X, Y, Z) {{
   X(i) = max(max(A(i), B(i)), max(C(i), A(i)))
   Y(i) = min(A(i), min(B(i), C(i)))
   Z(i) = max(A(i), 3)
-}}""", scheduler=scheduler)
+}}"""
+    op = polyc.define(src, scheduler=scheduler)
     info = np.iinfo(dt)
     rng = np.random.default_rng(7)
     a, b, c = (rng.integers(info.min, int(info.max) + 1, 1001).astype(dt) for _ in range(3))
@@ -105,6 +106,10 @@ def m({dt}(N) A, {dt}(N) B, {dt}(N) C) -> (X, Y, Z) {{
     np.testing.assert_array_equal(z, np.maximum(a.astype(np.int64), 3).astype(dt))
     suffix = ("_u" if dt.startswith("u") else "_i") + dt.lstrip("uint")
     assert f"polyc_max{suffix}(" in op.c_source and f"polyc_min{suffix}(" in op.c_source
+    if scheduler == "isl":  # the CUDA target, through the emulation: the same values
+        cuda = polyc.define(src, target="cuda", emulate=True)
+        for got, want in zip(cuda(a, b, c), (x, y, z)):
+            np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)

@@ -444,8 +444,6 @@ def _one_statement(node: isl.ScheduleNode, kernel: Kernel
 
 #: the most unrolled rows of a register tile (a one-vector-wide tile could take more)
 MAX_ROWS = 16
-#: whether a row more than the registers hold is a candidate where it divides the extent
-SPILL_ROW = True
 
 
 def fit_shape(mr: int, nr: int, lanes: int, ext_u: int | None,
@@ -467,7 +465,7 @@ def fit_shape(mr: int, nr: int, lanes: int, ext_u: int | None,
     if ext_u is None:
         return min(mr, cap), nr
     rows = list(range(1, cap + 1))
-    if SPILL_ROW and cap < MAX_ROWS and ext_u % (cap + 1) == 0:
+    if cap < MAX_ROWS and ext_u % (cap + 1) == 0:
         rows.append(cap + 1)
     best = min(rows, key=lambda r: (-(-ext_u // r), ext_u % r != 0, -r))
     return best, nr
