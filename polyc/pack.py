@@ -49,7 +49,7 @@ from .errors import ScheduleError
 from .ir import Access, Array, Kernel, Statement, params_prefix
 from .options import Options
 from .rewrite import fresh_array, fresh_statement, replace_statement
-from .schedule import machine, register_tile
+from .schedule import machine, optimize, register_tile
 
 #: rows of the result that must reuse each packed element (the copy's cost amortised)
 MIN_ROWS = 128
@@ -73,6 +73,11 @@ PAGE_BYTES = 4096
 #: 62/80. On a Zen 2 EPYC (AVX2, 6 x 16 tile; the probe 1.50), one thread / two:
 #: 64x512x512 52/78 and 101/125, 48x784x512 53/71 and 95/113, 128x3072x768 69/70 and
 #: 71/146, 16x1024x2048 36/40 and 48/80, 64x1024x2048 40/64 and 39/150
+#: On a Xeon with AVX-512, a 48 KB L1 and a 2 MB L2 (6 x 64 tile) the probe at 512
+#: steps read 1.08-1.20 and these did not pay; at the scheduler's own 1024 steps it
+#: reads 1.8-1.9, and one thread / two, unpacked against packed, speed ratio to
+#: OpenBLAS in one run: 128x3072x768 0.77/1.07 and 0.60/1.12, 64x784x512 0.82/0.92 and
+#: 0.90/0.96, 32x784x512 0.78/0.92 and 1.12/1.14
 STRIDED_PANEL_SLOW = 1.25
 SLOW_STRIDES_MIN_ROWS = 16
 SLOW_STRIDES_MIN_ROWS_SHORT = 48
@@ -306,7 +311,8 @@ def _worth(kernel: Kernel, s: Statement, b: str, reads: list[E.Read], n: str, p:
 def strided_cost() -> float:
     """:func:`machine.strided_panel_cost` for this machine's float32 register tile."""
     mr, nr = register_tile.machine_shape("float32", Options(register_tile=True))
-    return machine.strided_panel_cost(mr, nr, register_tile.vector_bits() // 8)
+    return machine.strided_panel_cost(mr, nr, register_tile.vector_bits() // 8,
+                                      optimize.reduction_chunk(mr, 4))
 
 
 def _position(r: E.Read, n: str) -> int | None:

@@ -96,21 +96,25 @@ def threads(requested: int | None = None) -> int:
 #: the C program behind :func:`strided_panel_cost`: one float register tile of the
 #: machine's shape (``MR`` rows of ``NR`` columns in vectors of ``VB`` bytes, given as
 #: ``-D``; its accumulators held in registers, so that the tile runs near the FMA peak
-#: and its loads show) swept with a ``K`` of 512 over the weight panels of a 512-wide
-#: matrix in two ways: as short rows 2 KB apart, in the order an unpacked schedule runs
-#: them (a 128-column cache tile, each row tile through its panels), and packed, one
-#: contiguous panel after another, each reused by all the row tiles. It prints the best
-#: time of the first over the best of the second. (The first probe's tile kept its
-#: accumulators in memory: compute-bound at half the peak, it read 1.01 on a Zen 2
-#: EPYC where this one reads 1.5, as whole matmuls do there.)
+#: and its loads show) swept with a reduction of ``K`` steps over the weight panels of a
+#: 512-wide matrix in two ways: as short rows 2 KB apart, in the order an unpacked
+#: schedule runs them (a ``CACHE_TILE``-column cache tile, each row tile through its
+#: panels), and packed, one contiguous panel after another, each reused by all the row
+#: tiles. It prints the best time of the first over the best of the second. ``K`` and
+#: ``CACHE_TILE`` are the scheduler's own on this machine (:func:`strided_panel_cost`).
+#: (The first probe's tile kept its accumulators in memory: compute-bound at half the
+#: peak, it read 1.01 on a Zen 2 EPYC where this one reads 1.5, as whole matmuls do
+#: there. The second swept a fixed 512 steps and 128 columns, half the reduction that
+#: the scheduler's register tiles sweep: on a Xeon with a 48 KB L1 and a 2 MB L2 it read
+#: 1.08-1.20, below :data:`polyc.pack.STRIDED_PANEL_SLOW`, while packing made
+#: 128x3072x768 1.6x faster and 64x784x512 1.1x; at 1024 steps and 256 columns it
+#: reads 1.9 there.)
 _PROBE_C = r"""
 #define _POSIX_C_SOURCE 200112L
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#define K 512
 #define WIDE 512
-#define CACHE_TILE 128
 #define ROW_TILES 8
 #define NV (NR * 4 / VB)
 typedef float vf __attribute__((vector_size(VB), aligned(4)));
@@ -171,15 +175,18 @@ int main(void) {
 """
 
 #: the probe's version, part of its key in the cache file (a new probe measures anew)
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 
 
 @functools.lru_cache(maxsize=8)
-def strided_panel_cost(mr: int, nr: int, vector_bytes: int) -> float:
+def strided_panel_cost(mr: int, nr: int, vector_bytes: int, steps: int = 512) -> float:
     """How many times longer a float register tile of ``mr`` x ``nr`` (vectors of
     ``vector_bytes``) takes when its weight panels are short rows of a wider matrix (2 KB
     apart: shorter than a page), run as an unpacked schedule runs them, than when each
-    panel is one contiguous run reused by all the row tiles. Near 1 where the hardware
+    panel is one contiguous run reused by all the row tiles. Each tile sums ``steps``
+    reduction steps (the scheduler's reduction chunk), and the unpacked cache tile is as
+    many columns as half the L2 holds at that depth (as the scheduler sizes it), a
+    power of two from ``nr`` to 512. Near 1 where the hardware
     prefetchers follow such strided runs within a page; well above it where they do not,
     and packing the operand (:mod:`polyc.pack`) pays at fewer rows of reuse.
 
@@ -194,14 +201,16 @@ def strided_panel_cost(mr: int, nr: int, vector_bytes: int) -> float:
             return float(env)
     except ValueError:
         pass
-    if mr < 1 or vector_bytes < 4 or nr * 4 % vector_bytes or 512 % nr:
+    if mr < 1 or vector_bytes < 4 or nr * 4 % vector_bytes or 512 % nr or steps < 1:
         return 1.0
-    key = f"strided_panel_cost v{PROBE_VERSION} {mr}x{nr} {vector_bytes}"
+    cols = l2_bytes() // 2 // (steps * 4)
+    cache_tile = max(nr, min(512, 1 << max(0, cols.bit_length() - 1)))
+    key = f"strided_panel_cost v{PROBE_VERSION} {mr}x{nr} {vector_bytes} {steps} {cache_tile}"
     path = _probe_path()
     cached = _read_probes(path).get(key)
     if isinstance(cached, (int, float)) and cached > 0:
         return float(cached)
-    cost = _run_probe(mr, nr, vector_bytes)
+    cost = _run_probe(mr, nr, vector_bytes, steps, cache_tile)
     if cost is None:
         return 1.0
     try:  # (re-read: another process may have kept another shape meanwhile)
@@ -226,7 +235,8 @@ def _probe_path() -> str:
     return os.path.join(Options().cache_dir, "machine", cpu_key() + ".json")
 
 
-def _run_probe(mr: int, nr: int, vector_bytes: int) -> float | None:
+def _run_probe(mr: int, nr: int, vector_bytes: int, steps: int = 512,
+               cache_tile: int = 128) -> float | None:
     cc = os.environ.get("POLYC_CC", "gcc")
     with tempfile.TemporaryDirectory(prefix="polyc-probe-") as tmp:
         src, exe = os.path.join(tmp, "probe.c"), os.path.join(tmp, "probe")
@@ -235,6 +245,7 @@ def _run_probe(mr: int, nr: int, vector_bytes: int) -> float | None:
         try:
             subprocess.run([cc, "-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11",
                             f"-DMR={mr}", f"-DNR={nr}", f"-DVB={vector_bytes}",
+                            f"-DK={steps}", f"-DCACHE_TILE={cache_tile}",
                             "-o", exe, src], check=True, capture_output=True, timeout=120)
             out = subprocess.run([exe], check=True, capture_output=True, text=True,
                                  timeout=120).stdout.split()
