@@ -101,11 +101,77 @@ def build_ast(kernel: Kernel, schedule: isl.Schedule,
             return node
 
     build, handle = build.set_after_each_mark(after_mark)
-    tree = build.node_from_schedule(annotated)
+    before = set(promotions)
+    # isl may fail on a band's isolate option (a register tile's rows of a triangle's
+    # partial tiles: syrk at 150 with 4 x 32 tiles of 16-lane vectors): the option only
+    # asks for the full tiles' code apart, so drop it from one band, then from all
+    attempts: list[set[int]] = [set()]
+    while True:
+        try:
+            tree = build.node_from_schedule(_without_isolation(annotated, attempts[0]))
+            break
+        except isl.Error:
+            if len(attempts) == 1:
+                isolating = _isolating_bands(annotated)
+                attempts += [{k} for k in range(isolating)] + \
+                    ([set(range(isolating))] if isolating > 1 else [])
+            attempts.pop(0)
+            if not attempts:
+                raise
+            for key in set(promotions) - before:  # the failed try's marks
+                del promotions[key]
+            errors.clear()
     del handle
     if errors:
         raise InternalError(f"register promotion failed: {errors[0]}") from errors[0]
     return tree
+
+
+def _isolate_options(node: isl.ScheduleNode) -> tuple[isl.UnionSet, bool]:
+    """The band ``node``'s AST build options without its ``isolate`` option, and whether
+    it had one."""
+    opts = node.band_get_ast_build_options()
+    kept = isl.UnionSet.empty(opts.get_space())
+    found = False
+    sets = opts.get_set_list()
+    for s in (sets.get_at(i) for i in range(sets.n_set())):
+        if s.get_tuple_name() == "isolate":
+            found = True
+        else:
+            kept = kept.union(isl.UnionSet.from_set(s))
+    return kept, found
+
+
+def _isolating_bands(schedule: isl.Schedule) -> int:
+    """How many bands of ``schedule`` have an ``isolate`` option."""
+    count = [0]
+
+    def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        if node.get_type() == isl.schedule_node_type.band and _isolate_options(node)[1]:
+            count[0] += 1
+        return node
+
+    schedule.map_schedule_node_bottom_up(visit)
+    return count[0]
+
+
+def _without_isolation(schedule: isl.Schedule, drop: set[int]) -> isl.Schedule:
+    """``schedule`` with the ``isolate`` option of the bands numbered ``drop`` (in the
+    bottom-up order of :func:`_isolating_bands`) removed."""
+    if not drop:
+        return schedule
+    seen = [0]
+
+    def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        if node.get_type() != isl.schedule_node_type.band:
+            return node
+        kept, found = _isolate_options(node)
+        if not found:
+            return node
+        seen[0] += 1
+        return node.band_set_ast_build_options(kept) if seen[0] - 1 in drop else node
+
+    return schedule.map_schedule_node_bottom_up(visit)
 
 
 def _promotion(kernel: Kernel, stmt_name: str, box: tuple[int, ...], bits: int, init: str,

@@ -179,6 +179,17 @@ def test_transposed_operand_packed(case, opts, small_thresholds):
     assert _packed(op)
 
 
+def test_isolation_isl_rejects_is_dropped(monkeypatch, small_thresholds):
+    """On a CPU with 16-lane vectors, syrk at 150 with 4 x 32 register tiles gets an
+    ``isolate`` option (the rows of the triangle's partial tiles) that isl's AST
+    generator fails on; the option only asks for the full tiles' code apart, so the AST
+    is built without it and the result stays right (any CPU: the width is set here)."""
+    monkeypatch.setattr(register_tile, "vector_bits", lambda: 512)
+    monkeypatch.setattr(register_tile, "vector_registers", lambda: 32)
+    op = _run(SYRK, [(150, 150), (150, 41)], _syrk_ref, register_tile=(4, 32))
+    assert _packed(op) and "polyc_acc" in op.c_source
+
+
 def test_transposed_pack_keeps_each_sum_in_order(small_thresholds):
     """The column tile over the transposed pack adds each sum's terms in ``k`` order,
     as the untiled loop does: bit for bit the same float64 results."""
@@ -273,7 +284,7 @@ def test_strided_panel_probe(monkeypatch, tmp_path):
     from polyc.schedule import machine
     if shutil.which(os.environ.get("POLYC_CC", "gcc")) is None:
         pytest.skip("no C compiler")
-    for shape in ((6, 16, 32), (4, 32, 32), (6, 64, 64)):
+    for shape in ((6, 16, 32), (4, 32, 32), (6, 64, 64), (6, 16, 32, 1024, 64)):
         cost = machine._run_probe(*shape)
         assert cost is not None and 0.2 < cost < 20, shape
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
@@ -285,11 +296,15 @@ def test_strided_panel_probe(monkeypatch, tmp_path):
         assert machine.strided_panel_cost(6, 16, 32) == 1.7
         monkeypatch.setattr(machine, "_run_probe", lambda *shape: ran.append(shape) or 1.2)
         assert machine.strided_panel_cost(4, 16, 32) == 1.2  # another shape: its own
-        assert ran == [(6, 16, 32), (4, 16, 32)]
+        assert [r[:3] for r in ran] == [(6, 16, 32), (4, 16, 32)]
+        assert all(r[3] == 512 and 16 <= r[4] <= 512 and r[4] & (r[4] - 1) == 0
+                   for r in ran)  # the default 512 steps; a power-of-two cache tile
+        assert machine.strided_panel_cost(6, 16, 32, 1024) == 1.2  # other steps: its own
+        assert ran[-1][3] == 1024 and len(ran) == 3
         assert os.path.isfile(machine._probe_path())
         assert machine._probe_path().startswith(str(tmp_path))
         assert machine.strided_panel_cost(6, 12, 32) == 1.0  # not whole vectors: not run
-        assert ran == [(6, 16, 32), (4, 16, 32)]
+        assert len(ran) == 3
         monkeypatch.setattr(machine, "_run_probe", lambda *shape: None)
         machine.strided_panel_cost.cache_clear()
         assert machine.strided_panel_cost(6, 16, 32) == 1.7  # from the cache file
