@@ -792,15 +792,17 @@ def _parallel_extent_at_two_threads(model: onnx.ModelProto, cache: str) -> str:
 @pytest.mark.parametrize("fine", [4096, 0])
 def test_depthwise_conv_threads_split_rows_not_a_pixels_channels(fine, tmp_cache,
                                                                   monkeypatch):
-    """A channel-last depthwise conv of 32 channels (two 16-channel register tiles on
-    AVX2 or AVX-512) shares nothing between threads split by channels but its 3x3
-    weights; yet each thread would then read and write half of every pixel, a line
-    apart. Such a fine split counts its arrays as read by every thread
+    """A channel-last depthwise conv of two float register tiles' width of channels (32
+    on AVX2, 128 on AVX-512) shares nothing between threads split by channels but its
+    3x3 weights; yet each thread would then read and write half of every pixel, a line
+    or two apart. Such a fine split counts its arrays as read by every thread
     (``FINE_SPLIT_BYTES``), so the two threads split the 37 rows; without the rule, the
     channels. Both match onnxruntime."""
+    from polyc.schedule import register_tile
     monkeypatch.setattr(optimize, "FINE_SPLIT_BYTES", fine)
     rng = np.random.default_rng(3)
-    c = 32
+    shape = register_tile.machine_shape("float32", polyc.Options(register_tile=True))
+    c = 2 * shape[1] if shape else 32
     w = (rng.standard_normal((c, 1, 3, 3)) * 0.3).astype(np.float32)
     b = rng.standard_normal(c).astype(np.float32)
     node = helper.make_node("Conv", ["x", "W", "B"], ["y"], group=c, pads=[1, 1, 1, 1])
@@ -810,7 +812,7 @@ def test_depthwise_conv_threads_split_rows_not_a_pixels_channels(fine, tmp_cache
                           [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    assert _parallel_extent_at_two_threads(model, tmp_cache) == ("36" if fine else "31")
+    assert _parallel_extent_at_two_threads(model, tmp_cache) == ("36" if fine else str(c - 1))
 
 
 def test_fine_split_measures_the_span_a_thread_runs():
