@@ -348,6 +348,43 @@ def test_panel_fits_l2_and_matmul_keeps_its_tiles(monkeypatch, avx512_model):
     assert "(m - (m) mod 64)" in conv_part and "(m - (m) mod 512)" not in conv_part
 
 
+def test_deep_panel_splits_its_reduction(monkeypatch, avx512_model):
+    """A 3x3 convolution over 512 channels at 64 columns has a 1.2 MB panel, over half
+    a 1 MB L2 however narrow its columns: its channels are cut into balanced tiles
+    (3 x 171) so that the panel fits; a matmul's 1024-step chunk is left as it was."""
+    monkeypatch.setattr(optimize.machine, "l2_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(optimize.machine, "l1d_bytes", lambda: 48 << 10)
+    conv = from_tc("""def c(float(1,9,9,512) X, float(3,3,512,512) W) -> (Y) {
+        Y(n,h,w,m) +=! X(n,h+kh,w+kw,c) * W(kh,kw,c,m)
+    }""").specialize({})
+    s = str(pipeline.schedule_kernel(conv, polyc.Options()).schedule)
+    assert "(c) mod 171" in s and "(m - (m) mod 64)" in s, s
+    monkeypatch.setattr(optimize, "FIT_DEPTH", False)
+    assert "(c) mod" not in str(pipeline.schedule_kernel(conv, polyc.Options()).schedule)
+
+
+@pytest.mark.parametrize("opts", [{}, {"threads": 2}, {"scheduler": "pluto"}])
+def test_split_reduction_matches_numpy(opts, monkeypatch):
+    """With an L2 of 16 KB the conv's 40 channels are cut into partial tiles: the sums,
+    the accumulators copied in and out per tile, match numpy."""
+    monkeypatch.setenv("POLYC_L2_BYTES", str(16 << 10))
+    machine.l2_bytes.cache_clear()
+    try:
+        op = polyc.define("""def c(float(2,8,7,40) X, float(3,3,40,37) W) -> (Y) {
+            Y(n,h,w,m) +=! X(n,h+kh,w+kw,c) * W(kh,kw,c,m)
+        }""", **opts)
+        x, w = random_inputs([((2, 8, 7, 40), "float32"), ((3, 3, 40, 37), "float32")], 5)
+        want = np.zeros((2, 6, 5, 37), np.float32)
+        for kh in range(3):
+            for kw in range(3):
+                want += np.einsum("nhwc,cm->nhwm", x[:, kh:kh + 6, kw:kw + 5], w[kh, kw])
+        assert_matches_numpy(op(x, w), want, rtol=1e-4, atol=1e-4)
+        assert "polyc_acc" in op.c_source and "(c) mod" in str(op.schedule)
+    finally:
+        monkeypatch.delenv("POLYC_L2_BYTES")
+        machine.l2_bytes.cache_clear()
+
+
 @pytest.mark.parametrize("batch", [1, 5])
 def test_gemm_with_constant_transposed_b_is_stored_transposed(batch, tmp_cache):
     from polyc.frontend.onnx_import import load_graph
