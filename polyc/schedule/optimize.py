@@ -505,10 +505,10 @@ def _fit_depth(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
     if not FIT_DEPTH or reg.v is None:
         return sizes
     item = D.itemsize(kernel.array(reg.array).dtype)
-    width = sizes[reg.v]
-    for i in _panel_members(node, kernel, reg):
-        width *= sizes[i]
-    depth = cache_blocks.reduction_depth(sizes, node, kernel)
+    width = 1
+    for i in [reg.v] + _panel_members(node, kernel, reg):  # (a tile past its extent:
+        width *= min(sizes[i], cache_blocks.member_extent(node, kernel, i) or sizes[i])
+    depth = cache_blocks.reduction_depth(sizes, node, kernel)  # the extent counts)
     budget = machine.l2_bytes() // 2
     if depth * item * width <= budget:
         return sizes
