@@ -854,15 +854,16 @@ def test_depthwise_conv_threads_split_rows_not_a_pixels_channels(fine, tmp_cache
 
 def test_fine_split_measures_the_span_a_thread_runs():
     """A thread's run of ``j`` spans ``share`` elements of ``A(i, j)``, half as many of
-    ``A(i, j / 2)``: under 4 KB of float32 a fine split, at or over it not; ``A(i, 0)``
-    or an index ``j`` is not last in is no split of that array."""
+    ``A(i, j / 2)``: under ``FINE_SPLIT_BYTES`` of float32 a fine split, at or over it
+    not; ``A(i, 0)`` or an index ``j`` is not last in is no split of that array."""
+    n = optimize.FINE_SPLIT_BYTES // 4
     k = from_tc("def f(float(N,M) A) -> (B) { B(i,j) = A(i, j/2) + A(j % 8, 0) where j in 0:M }"
                 ).specialize({"N": 8, "M": 4096})
     s = k.statements[0]
     half, col = E.reads(s.value)
     j = s.iterators[1]
-    assert [optimize._fine_split(k, s.write, j, n) for n in (1000, 1024)] == [True, False]
-    assert [optimize._fine_split(k, half, j, n) for n in (2000, 2048)] == [True, False]
+    assert [optimize._fine_split(k, s.write, j, m) for m in (n - 24, n)] == [True, False]
+    assert [optimize._fine_split(k, half, j, m) for m in (2 * n - 48, 2 * n)] == [True, False]
     assert not optimize._fine_split(k, col, j, 10)
     assert not optimize._fine_split(k, s.write, j, None)
 

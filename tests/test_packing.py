@@ -118,6 +118,17 @@ def test_explicit_tiles_and_parametric_kernels_keep_their_rows():
     assert _row_block(par) == 32
 
 
+def test_few_rows_split_their_columns():
+    """16 x 784 x 512 on 2 threads: split by rows each thread streams all of ``B``
+    (1.6 MB) for its 8 rows; split by columns each reads half of it in 1 KB runs of each
+    row, which is not a fine split (``optimize.FINE_SPLIT_BYTES``): the columns."""
+    op = polyc.define(MATMUL, threads=2)
+    _check(op, [(16, 784), (784, 512)], lambda A, B: A @ B)
+    lines = op.c_source.splitlines()
+    loops = [lines[i + 1].strip() for i, x in enumerate(lines) if "omp parallel for" in x]
+    assert loops and not re.match(r"for \(int64_t c0 = 0; c0 <= 15;", loops[-1]), loops
+
+
 def test_near_tie_keeps_the_row_split(monkeypatch, avx512_model):
     """2100 x 256 x 2100 on 2 threads: a row split leaves each thread all of the packed
     ``B`` (33 blocks of 64 columns: 0.6% more bytes than ``A``), a split of the column
@@ -125,8 +136,8 @@ def test_near_tie_keeps_the_row_split(monkeypatch, avx512_model):
     threads split the rows (each reuses its ``A`` block over every column block; matmul
     3000 by column blocks streamed ``A`` once per block); with no slack, the column
     blocks: the busiest thread's 17 blocks are 4.25 KB of each row of ``C``, not a fine
-    split (``optimize.FINE_SPLIT_BYTES``). At 1000 x 1000 x 1000 each thread's columns
-    are 2 KB of a row, a fine split: the rows even with no slack. All right."""
+    split (``optimize.FINE_SPLIT_BYTES``). At 1000 x 1000 x 400 each thread's columns
+    are 800 bytes of a row, a fine split: the rows even with no slack. All right."""
     from polyc.schedule import machine, optimize
     monkeypatch.setattr(machine, "l2_bytes", lambda: 1 << 20)  # (the tiles of a 1 MB L2)
     shapes = [(2100, 256), (256, 2100)]
@@ -144,5 +155,5 @@ def test_near_tie_keeps_the_row_split(monkeypatch, avx512_model):
     _check(cols, shapes, lambda A, B: A @ B)
     assert parallel_loops(cols)[-1] == "for (int64_t c0 = 0; c0 <= 32; c0 += 1)"
     fine = polyc.define(MATMUL, threads=2)
-    _check(fine, [(1000, 1000), (1000, 1000)], lambda A, B: A @ B)
+    _check(fine, [(1000, 1000), (1000, 400)], lambda A, B: A @ B)
     assert re.match(r"for \(int64_t c0 = 0; c0 <= 999; c0 \+= \d+\)", parallel_loops(fine)[-1])

@@ -734,8 +734,13 @@ WRITTEN_SHARE_COST = 3
 #: counts as read by every thread (:func:`_replicated_bytes`). MobileNetV2's depthwise
 #: convs split their 32-960 channels (nothing else was shared but the 3x3 weights), and
 #: each thread read half of every pixel the other had written, split by rows, in the
-#: 1x1 convs around them: at 2 threads, Conv_4 ran 308 us against 190 at 1
-FINE_SPLIT_BYTES = 4096
+#: 1x1 convs around them: at 2 threads, Conv_4 ran 308 us against 190 at 1 (64-byte
+#: runs). A page (4096, the first bound) counted runs of a kilobyte or two as shared
+#: too: float 16x784x512 on 2 threads split its 16 rows, each thread streaming all of
+#: ``B``, where its columns give each half of ``B`` in 1 KB runs (Xeon, AVX-512, A/B in
+#: one process: 74 -> 177 GFLOP/s; PolyBench's gesummv at 2 threads 0.57 -> 0.30 ms;
+#: MobileNetV2, BERT and the MLP 0.995-0.997x the time, ResNet-50 the same C)
+FINE_SPLIT_BYTES = 1024
 
 
 def _fine_split(kernel: Kernel, access: E.Read | Access, it: str,
