@@ -102,25 +102,30 @@ def build_ast(kernel: Kernel, schedule: isl.Schedule,
 
     build, handle = build.set_after_each_mark(after_mark)
     before = set(promotions)
-    # isl may fail on a band's isolate option (a register tile's rows of a triangle's
-    # partial tiles: syrk at 150 with 4 x 32 tiles of 16-lane vectors): the option only
-    # asks for the full tiles' code apart, so drop it from one band, then from all
-    attempts: list[set[int]] = [set()]
-    while True:
-        try:
-            tree = build.node_from_schedule(_without_isolation(annotated, attempts[0]))
-            break
-        except isl.Error:
-            if len(attempts) == 1:
-                isolating = _isolating_bands(annotated)
-                attempts += [{k} for k in range(isolating)] + \
-                    ([set(range(isolating))] if isolating > 1 else [])
-            attempts.pop(0)
-            if not attempts:
-                raise
-            for key in set(promotions) - before:  # the failed try's marks
-                del promotions[key]
-            errors.clear()
+
+    def built(tree: isl.Schedule) -> isl.AstNode:
+        for key in set(promotions) - before:  # (an earlier, failed try's marks)
+            del promotions[key]
+        errors.clear()
+        return build.node_from_schedule(tree)
+
+    try:
+        tree = built(annotated)
+    except isl.Error:
+        # isl may fail on a band's isolate option (a register tile's rows of a
+        # triangle's partial tiles: syrk at 150 with 4 x 32 tiles of 16-lane vectors):
+        # the option only asks for the full tiles' code apart, so drop it from one
+        # band, then from all
+        n = _isolating_bands(annotated)
+        tree = None
+        for drop in [{k} for k in range(n)] + ([set(range(n))] if n > 1 else []):
+            try:
+                tree = built(_without_isolation(annotated, drop))
+                break
+            except isl.Error:
+                continue
+        if tree is None:
+            raise
     del handle
     if errors:
         raise InternalError(f"register promotion failed: {errors[0]}") from errors[0]

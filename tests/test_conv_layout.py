@@ -363,16 +363,19 @@ def test_deep_panel_splits_its_reduction(monkeypatch, avx512_model):
     assert "(c) mod" not in str(pipeline.schedule_kernel(conv, polyc.Options()).schedule)
 
 
+_SPLIT_CONV = """def c(float(2,8,7,40) X, float(3,3,40,37) W) -> (Y) {
+    Y(n,h,w,m) +=! X(n,h+kh,w+kw,c) * W(kh,kw,c,m)
+}"""
+
+
 @pytest.mark.parametrize("opts", [{}, {"threads": 2}, {"scheduler": "pluto"}])
 def test_split_reduction_matches_numpy(opts, monkeypatch):
     """With an L2 of 16 KB the conv's 40 channels are cut into partial tiles: the sums,
-    the accumulators copied in and out per tile, match numpy."""
+    the accumulators copied in and out per tile, match numpy (the CUDA target too)."""
     monkeypatch.setenv("POLYC_L2_BYTES", str(16 << 10))
     machine.l2_bytes.cache_clear()
     try:
-        op = polyc.define("""def c(float(2,8,7,40) X, float(3,3,40,37) W) -> (Y) {
-            Y(n,h,w,m) +=! X(n,h+kh,w+kw,c) * W(kh,kw,c,m)
-        }""", **opts)
+        op = polyc.define(_SPLIT_CONV, **opts)
         x, w = random_inputs([((2, 8, 7, 40), "float32"), ((3, 3, 40, 37), "float32")], 5)
         want = np.zeros((2, 6, 5, 37), np.float32)
         for kh in range(3):
@@ -380,6 +383,9 @@ def test_split_reduction_matches_numpy(opts, monkeypatch):
                 want += np.einsum("nhwc,cm->nhwm", x[:, kh:kh + 6, kw:kw + 5], w[kh, kw])
         assert_matches_numpy(op(x, w), want, rtol=1e-4, atol=1e-4)
         assert "polyc_acc" in op.c_source and "(c) mod" in str(op.schedule)
+        if not opts:  # the CUDA target too (emulated)
+            cuda = polyc.define(_SPLIT_CONV, target="cuda", emulate=True)
+            assert_matches_numpy(cuda(x, w), want, rtol=1e-4, atol=1e-4)
     finally:
         monkeypatch.delenv("POLYC_L2_BYTES")
         machine.l2_bytes.cache_clear()

@@ -29,6 +29,13 @@ def l2_bytes() -> int:
     return _cache_bytes("POLYC_L2_BYTES", "2", ("Unified",), DEFAULT_L2_BYTES)
 
 
+def panel_bytes() -> int:
+    """The bytes a register tile's operand panel may take: half the L2 (the rows that
+    reuse it and their other operand take the rest). :func:`polyc.schedule.optimize`
+    sizes cache tiles by it, and :func:`strided_panel_cost` its probe's."""
+    return l2_bytes() // 2
+
+
 @functools.lru_cache(maxsize=1)
 def l1d_bytes() -> int:
     """The per-core L1 data cache size of CPU 0 (``POLYC_L1D_BYTES`` overrides it)."""
@@ -203,7 +210,7 @@ def strided_panel_cost(mr: int, nr: int, vector_bytes: int, steps: int = 512) ->
         pass
     if mr < 1 or vector_bytes < 4 or nr * 4 % vector_bytes or 512 % nr or steps < 1:
         return 1.0
-    cols = l2_bytes() // 2 // (steps * 4)
+    cols = panel_bytes() // (steps * 4)
     cache_tile = max(nr, min(512, 1 << max(0, cols.bit_length() - 1)))
     key = f"strided_panel_cost v{PROBE_VERSION} {mr}x{nr} {vector_bytes} {steps} {cache_tile}"
     path = _probe_path()

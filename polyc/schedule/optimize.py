@@ -457,7 +457,7 @@ def _whole_reduction(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
             depth *= extent
     item = D.itemsize(kernel.array(reg.array).dtype)
     panel = depth * reg.nr * item
-    if not WHOLE_REDUCTION or panel > machine.l2_bytes() // 2 or \
+    if not WHOLE_REDUCTION or panel > machine.panel_bytes() or \
             (reg.mr * depth * item > machine.l1d_bytes() and panel > machine.l2_bytes() // 4):
         return sizes
     return [t if flags[i] else max(t, cache_blocks.member_extent(node, kernel, i) or t)
@@ -476,7 +476,7 @@ def _fit_panel(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
     ``256 x 512`` float panel is exactly half of a 1 MB L2 and stays as it is."""
     depth = cache_blocks.reduction_depth(sizes, node, kernel)
     itemsize = D.itemsize(kernel.array(reg.array).dtype)
-    cols = machine.l2_bytes() // 2 // max(1, depth * itemsize)
+    cols = machine.panel_bytes() // max(1, depth * itemsize)
     sizes = list(sizes)
     sizes[reg.v] = max(reg.nr, min(sizes[reg.v], cols // reg.nr * reg.nr))
     rest = cols // sizes[reg.v]
@@ -509,7 +509,7 @@ def _fit_depth(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
     for i in [reg.v] + _panel_members(node, kernel, reg):  # (a tile past its extent:
         width *= min(sizes[i], cache_blocks.member_extent(node, kernel, i) or sizes[i])
     depth = cache_blocks.reduction_depth(sizes, node, kernel)  # the extent counts)
-    budget = machine.l2_bytes() // 2
+    budget = machine.panel_bytes()
     if depth * item * width <= budget:
         return sizes
     flags = tiling.coincident_flags(node)
