@@ -20,6 +20,11 @@ restored before each run, outside the timed region, and polyc writes into preall
 outputs as the C does) and the speed-ups of polyc over gcc are printed, each with a
 correctness check: polyc (1 and 2 threads), the naive C and numpy all agree
 (``allclose``). ``--notes`` prints how each PolyBench construct was written in TC.
+
+Each line ends with the cross-core round trip probed before and after its timed runs
+(:mod:`cores`), and the run with all of them: on a 2-vCPU guest the host moves the
+vCPUs apart for seconds at a time, and the 2-thread figures of a line probed far apart
+read for that.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from polybench_kernels import BENCHES, NOTES, Bench, as_float32, c_source  # noqa: E402
 
+import cores  # noqa: E402
 import polyc  # noqa: E402
 from polyc import pipeline  # noqa: E402
 
@@ -82,8 +88,10 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2]
 
 
-def run_one(b: Bench, sizes: dict[str, int], repeat: int,
-            workdir: str, rtol: float = 1e-6, atol: float = 1e-8) -> tuple[float, float]:
+def run_one(b: Bench, sizes: dict[str, int], repeat: int, workdir: str, rtol: float = 1e-6,
+            atol: float = 1e-8) -> tuple[float, float, list[float | None]]:
+    """The speed-ups of polyc (1 and 2 threads) over the naive C, and the cross-core
+    round trips probed before and after the timed runs (:mod:`cores`)."""
     rng = np.random.default_rng(0)
     inputs = [np.ascontiguousarray(x) for x in b.inputs(sizes, rng)]
     want = b.numpy(*inputs)
@@ -143,12 +151,15 @@ def run_one(b: Bench, sizes: dict[str, int], repeat: int,
     def refresh():
         for i, x in saved.items():
             np.copyto(inputs[i], x)
-    for _ in range(repeat):
-        restore()
-        times["gcc"].append(_seconds(naive))
-        for threads, (f, _) in runners.items():
-            refresh()
-            times[threads].append(_seconds(f))
+
+    def timed() -> None:
+        for _ in range(repeat):
+            restore()
+            times["gcc"].append(_seconds(naive))
+            for threads, (f, _) in runners.items():
+                refresh()
+                times[threads].append(_seconds(f))
+    _, near = cores.probed(2, timed)
     tg, t1, t2 = _median(times["gcc"]), _median(times[1]), _median(times[2])
     fl = b.flops(sizes)
     size_text = ",".join(f"{k}={v}" for k, v in sizes.items())
@@ -157,8 +168,8 @@ def run_one(b: Bench, sizes: dict[str, int], repeat: int,
     print(f"{b.name:<11} {size_text:<34} gcc {tg * 1e3:8.2f} ms ({fl / tg / 1e9:5.1f} GF/s)"
           f" | polyc 1t {t1 * 1e3:8.2f} ms x{tg / t1:5.2f} | 2t {t2 * 1e3:8.2f} ms "
           f"x{tg / t2:5.2f} | check {check} | compile gcc {t_gcc:.1f}s polyc "
-          f"{t_polyc[1]:.1f}+{t_polyc[2]:.1f}s", flush=True)
-    return tg / t1, tg / t2
+          f"{t_polyc[1]:.1f}+{t_polyc[2]:.1f}s | 2t: {cores.describe(near)}", flush=True)
+    return tg / t1, tg / t2, near
 
 
 def main() -> None:
@@ -209,6 +220,7 @@ def main() -> None:
         g1 = float(np.exp(np.mean(np.log([r[0] for r in ratios]))))
         g2 = float(np.exp(np.mean(np.log([r[1] for r in ratios]))))
         print(f"geometric mean speed-up over gcc: polyc 1 thread x{g1:.2f}, 2 threads x{g2:.2f}")
+        print(f"2 threads: {cores.describe([t for r in ratios for t in r[2]])}")
 
 
 if __name__ == "__main__":
