@@ -523,6 +523,97 @@ def test_byte_dot_product_calls_the_vnni_micro_kernel(layout, tmp_path):
     np.testing.assert_array_equal(plain(x, w), want)
 
 
+#: a batch-1 fully connected layer in quads: the lanes walk the weights' columns ``m``,
+#: the write has no row but ``p``, of extent 1 (no band member)
+FC_QUAD = ("def fc(uint8(Q,1,4) X, int8(Q,M,4) W) -> (C) { C(p,m) +=! "
+           + " + ".join(f"int32(X(q,p,{r})) * int32(W(q,m,{r}))" for r in range(4)) + " }")
+
+
+def _fc_quad(q, m, options=None, fixed=True):
+    src = FC_QUAD.replace("Q,", f"{q},").replace("M,", f"{m},") if fixed else FC_QUAD
+    rng = np.random.default_rng(q * 1000 + m)
+    x = rng.integers(0, 256, (q, 1, 4)).astype(np.uint8)
+    w = rng.integers(-128, 128, (q, m, 4)).astype(np.int8)
+    want = np.einsum("qpr,qmr->pm", x.astype(np.int64), w.astype(np.int64)).astype(np.int32)
+    return polyc.define(src, options=options), x, w, want
+
+
+FC_OPTIONS = {**QUAD_OPTIONS, "threads-2": polyc.Options(threads=2)}
+
+
+@pytest.mark.parametrize("shape", [(512, 1000), (37, 13), (3, 130), (1, 1), (20, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("opt", list(FC_OPTIONS), ids=str)
+def test_batch_one_byte_product_takes_one_row_tiles(shape, opt, monkeypatch):
+    """A byte dot product whose band has no row member (a batch-1 classifier layer)
+    gets register tiles of one row, its columns in up to four vectors of lanes: the
+    sums stay in registers over the whole reduction (with VNNI, one ``vpdpbusd`` per
+    vector and step instead of widened products lane by lane). Exact on every option,
+    at column counts that leave masked partial tiles; the plan is made as on a CPU with
+    VNNI, and where this CPU lacks it the plain loops behind the ``#else`` run."""
+    from polyc.schedule import register_tile as rt
+    monkeypatch.setattr(machine, "has_vnni512", lambda: True)
+    q, m = shape
+    op, x, w, want = _fc_quad(q, m, FC_OPTIONS[opt])
+    np.testing.assert_array_equal(op(x, w), want)
+    if opt in ("default", "threads-2") and q > 1 and m > 1:
+        text = op.c_source
+        assert "polyc_vnni_1x" in text and "int32_t polyc_acc[" in text
+    k = op.kernel
+    s = k.statements[-1]
+    assert rt._quad_row(s, k, ["q", "m"], 1, [frozenset({"p"}), frozenset({"m"})],
+                        polyc.Options()) is not None
+    monkeypatch.setattr(rt, "QUAD_ONE_ROW", False)
+    off, *_ = _fc_quad(q, m, FC_OPTIONS[opt])
+    np.testing.assert_array_equal(off(x, w), want)
+    assert "polyc_vnni_" not in off.c_source
+
+
+def test_batch_one_byte_product_symbolic_sizes():
+    """With its sizes symbolic the one-row tile runs the plain loops (the micro-kernel
+    takes its strides as constants), exact."""
+    op, x, w, want = _fc_quad(45, 70, fixed=False)
+    np.testing.assert_array_equal(op(x, w), want)
+
+
+def test_batch_one_byte_products_side_by_side(monkeypatch):
+    """Two one-row tiles in one kernel (the nodes beside a tile's band are still found
+    after it: the tile's band holds its column loop alone)."""
+    monkeypatch.setattr(machine, "has_vnni512", lambda: True)
+    prod = " + ".join(f"int32(X(q,p,{r})) * int32({{w}}(q,m,{r}))" for r in range(4))
+    src = ("def fc2(uint8(50,1,4) X, int8(50,70,4) W, int8(50,70,4) V) -> (C, D) { "
+           f"C(p,m) +=! {prod.format(w='W')}\n D(p,m) +=! {prod.format(w='V')} }}")
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 256, (50, 1, 4)).astype(np.uint8)
+    w, v = (rng.integers(-128, 128, (50, 70, 4)).astype(np.int8) for _ in range(2))
+    op = polyc.define(src)
+    c, d = op(x, w, v)
+    for got, ws in ((c, w), (d, v)):
+        np.testing.assert_array_equal(got, np.einsum(
+            "qpr,qmr->pm", x.astype(np.int64), ws.astype(np.int64)).astype(np.int32))
+    assert op.c_source.count("polyc_vnni_1x") >= 2
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batch_one_quantized_mlp_matches_onnxruntime(threads, monkeypatch):
+    """A quantized MLP on a batch of one (onnxruntime's QDQ quantizer): its layers are
+    byte matrix-vector products, in one-row tiles (at widths that leave partial lane
+    tiles), requantized in their copy-out; the output is onnxruntime's."""
+    import onnx_models as M
+    import onnxruntime as ort
+    monkeypatch.setattr(machine, "has_vnni512", lambda: True)
+    model = M.mlp(batch=1, d_in=300, hidden=200, d_out=37)
+    q = M.quantize_qdq(model, [M.input_feeds(model, seed=s) for s in (3, 4)])
+    compiled = polyc.compile_onnx(q, options=polyc.Options(threads=threads))
+    assert compiled.c_source.count("polyc_vnni_1x") >= 3
+    for seed in (5, 6):
+        feeds = M.input_feeds(model, seed=seed)
+        want = ort.InferenceSession(q.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        got = compiled.run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=0, atol=0.03 * np.abs(want).max())
+
+
 def test_vnni_micro_kernel_prefetches_its_lanes_stream():
     """Each step of a VNNI micro-kernel prefetches the lanes of a step some way ahead
     (the weight runs one row apart that the hardware prefetcher leaves exposed when a

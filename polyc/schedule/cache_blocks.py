@@ -51,7 +51,10 @@ UNEQUAL_BLOCKS_PER_THREAD = 4
 
 def fit_rows(sizes: list[int], node: isl.ScheduleNode, kernel: Kernel,
              reg: register_tile.Plan, options: Options) -> list[int]:
-    """``sizes`` with the register tile's row member (``reg.u``) resized (module doc)."""
+    """``sizes`` with the register tile's row member (``reg.u``) resized (module doc);
+    unchanged for a tile without one."""
+    if reg.u is None:
+        return sizes
     ext = member_extent(node, kernel, reg.u)
     if ext is None or ext <= 0:
         return sizes

@@ -559,7 +559,7 @@ def _panels_inside_rows(node: isl.ScheduleNode, sizes: list[int], kernel: Kernel
     rows of the residual and the input each time. Larger panels keep the blocks outside:
     their block is the one that stays in cache while the rows stream past it."""
     members = _panel_members(node, kernel, reg)
-    if not PANELS_INSIDE_ROWS or not members or reg.v is None:
+    if not PANELS_INSIDE_ROWS or not members or reg.v is None or reg.u is None:
         return node, sizes, reg
     extents = {i: cache_blocks.member_extent(node, kernel, i) for i in members + [reg.v]}
     if any(e is None or sizes[i] < e for i, e in extents.items() if i != reg.v):
