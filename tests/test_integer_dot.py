@@ -561,7 +561,7 @@ def test_batch_one_byte_product_takes_one_row_tiles(shape, opt, monkeypatch):
         assert "polyc_vnni_1x" in text and "int32_t polyc_acc[" in text
     k = op.kernel
     s = k.statements[-1]
-    assert rt._quad_row(s, k, ["q", "m"], 1, [frozenset({"p"}), frozenset({"m"})],
+    assert rt._quad_row(s, k, ["q", "m"], 1, [{"p"}, {"m"}],
                         polyc.Options()) is not None
     monkeypatch.setattr(rt, "QUAD_ONE_ROW", False)
     off, *_ = _fc_quad(q, m, FC_OPTIONS[opt])

@@ -241,7 +241,7 @@ QUAD_ONE_ROW = True
 
 
 def _quad_row(s: Statement, kernel: Kernel, its: list[str | None], vec: int,
-              uses: list[frozenset[str]], options: Options) -> Plan | None:
+              uses: list[set[str]], options: Options) -> Plan | None:
     """The one-row tile of a byte dot product whose band has no row member: each step
     of the sum broadcasts one quad of the input and ``vpdpbusd``-s it into up to four
     vectors of columns (:func:`quad_shape` with one row), the tile's sums staying in
