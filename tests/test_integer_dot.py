@@ -576,6 +576,17 @@ def test_batch_one_byte_product_symbolic_sizes():
     np.testing.assert_array_equal(op(x, w), want)
 
 
+@pytest.mark.parametrize("shape", [(512, 1000), (37, 13)], ids=lambda s: "x".join(map(str, s)))
+def test_batch_one_byte_product_on_the_cuda_target(shape):
+    """The CUDA target (no VNNI tile: a C-target form) gives the same sums, run by the
+    CPU emulation."""
+    q, m = shape
+    _, x, w, want = _fc_quad(q, m)
+    src = FC_QUAD.replace("Q,", f"{q},").replace("M,", f"{m},")
+    cuda = polyc.define(src, target="cuda", emulate=True)
+    np.testing.assert_array_equal(cuda(x, w), want)
+
+
 def test_batch_one_byte_products_side_by_side(monkeypatch):
     """Two one-row tiles in one kernel (the nodes beside a tile's band are still found
     after it: the tile's band holds its column loop alone)."""

@@ -617,7 +617,9 @@ def _register_tree(node: isl.ScheduleNode, p: Plan) -> isl.ScheduleNode:
     leaf = node.delete()
     tiled = [i for i in (p.u, p.v) if i is not None]
     inner = _insert_band(leaf, [upas[i] for i in tiled], [True] * len(tiled))
-    for i in range(len(tiled) if p.dot is not None else 0 if p.u is None else 1):
+    # unrolled: a dot tile's rows and columns, a column tile's rows (none in one row)
+    unrolled = len(tiled) if p.dot is not None else int(p.u is not None)
+    for i in range(unrolled):
         inner = inner.band_member_set_ast_loop_type(i, isl.ast_loop_type.unroll)
     red = _insert_band(inner, reductions, [False] * len(reductions))
     mark = red.insert_mark(isl.Id(mark_name(p.stmt, p.box, quad=p.quad)))
@@ -647,9 +649,9 @@ def _finish(top: isl.ScheduleNode, p: Plan, kernel: Kernel, n: int,
         return top
     # the simd mark on the column loop (split off the unrolled rows; a one-row tile's
     # band is the column loop alone)
-    inner = top.child(0).child(0).child(0)
-    node = tiling.split_last(inner).insert_mark(isl.Id(SIMD))
-    for _ in range(4 if inner.band_n_member() > 1 else 3):
+    depth = top.get_tree_depth()
+    node = tiling.split_last(top.child(0).child(0).child(0)).insert_mark(isl.Id(SIMD))
+    while node.get_tree_depth() > depth:
         node = node.parent()
     return node
 
@@ -960,8 +962,8 @@ def _full_tiles(top: isl.ScheduleNode, p: Plan, iu: int | None, iv: int | None
     pts = flat.range().get_set_list().get_at(0)
     pts = pts.project_out(isl.dim_type.set, d + r, q)
     have = isl.Map.from_range(pts).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d + r)
-    blocks = [(out, d + at, 1, size) for out, (at, size) in enumerate(
-        (at, size) for at, size in ((iu, p.mr), (iv, p.nr)) if at is not None)]
+    present = [(at, size) for at, size in ((iu, p.mr), (iv, p.nr)) if at is not None]
+    blocks = [(out, d + at, 1, size) for out, (at, size) in enumerate(present)]
     return tiling.full_blocks(have, blocks).reset_tuple_id()
 
 
