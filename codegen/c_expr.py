@@ -1079,24 +1079,45 @@ static inline void polyc_round_f16_row(float *p, int64_t n)
 
 
 _TRANSPOSE_NAME = re.compile(r"polyc_transpose_(f32|f64)x(\d+)\(")
+#: a gcc vector type the code names (:func:`vector_types`)
+_VECTOR_NAME = re.compile(r"\bpolyc_(f32|f64)x(\d+)\b")
 
 
 @functools.lru_cache(maxsize=None)
-def transpose_helper(kind: str, lanes: int) -> str:
-    """A gcc vector type of ``lanes`` floats (``kind`` f32 or f64) and the in-place
-    transpose of a ``lanes x lanes`` block of them (``polyc_transpose_<kind>x<lanes>``:
-    ``v[r][l]`` becomes ``v[l][r]``), for the rows-only dot tiles of
-    ``polyc.codegen.c_family``. Stage ``s`` (``lanes/2`` down to 1) swaps bit ``s`` of
-    the row with bit ``s`` of the lane: for each pair of rows ``r`` and ``r + s`` (bit
-    ``s`` of ``r`` clear) two two-vector shuffles, ``lanes * log2(lanes)`` in all; gcc
-    picks the instructions (``vpermt2ps``, ``vshuff32x4``, ``vshufps``...)."""
+def vector_types(kind: str, lanes: int) -> str:
+    """gcc's vector type of ``lanes`` floats (``kind`` f32 or f64),
+    ``polyc_<kind>x<lanes>``, and the vector of as many integers of their width that
+    indexes a ``__builtin_shuffle`` of two of them (``polyc_<kind>x<lanes>_index``);
+    gcc only."""
     ctype = "float" if kind == "f32" else "double"
     itype = "int32_t" if kind == "f32" else "int64_t"
     vec, idx = f"polyc_{kind}x{lanes}", f"polyc_{kind}x{lanes}_index"
     size = lanes * (4 if kind == "f32" else 8)
+    return "\n".join(["#if defined(__GNUC__) && !defined(__clang__)",
+                      f"typedef {ctype} {vec} __attribute__((vector_size({size})));",
+                      f"typedef {itype} {idx} __attribute__((vector_size({size})));",
+                      "#endif"])
+
+
+def shuffle_index(kind: str, lanes: int, first: int) -> str:
+    """The index vector of a ``__builtin_shuffle(a, b, ...)`` that takes ``lanes``
+    consecutive elements of ``a`` followed by ``b`` from element ``first`` on (0 is
+    ``a`` itself, ``lanes`` is ``b``): gcc prints an ``valignd`` / ``vpalignr`` /
+    ``vpermt2ps``."""
+    return f"(polyc_{kind}x{lanes}_index){{{', '.join(str(first + l) for l in range(lanes))}}}"
+
+
+@functools.lru_cache(maxsize=None)
+def transpose_helper(kind: str, lanes: int) -> str:
+    """The in-place transpose of a ``lanes x lanes`` block of :func:`vector_types`
+    vectors (``polyc_transpose_<kind>x<lanes>``: ``v[r][l]`` becomes ``v[l][r]``), for
+    the rows-only dot tiles of ``polyc.codegen.c_family``. Stage ``s`` (``lanes/2`` down
+    to 1) swaps bit ``s`` of the row with bit ``s`` of the lane: for each pair of rows
+    ``r`` and ``r + s`` (bit ``s`` of ``r`` clear) two two-vector shuffles,
+    ``lanes * log2(lanes)`` in all; gcc picks the instructions (``vpermt2ps``,
+    ``vshuff32x4``, ``vshufps``...)."""
+    vec, idx = f"polyc_{kind}x{lanes}", f"polyc_{kind}x{lanes}_index"
     lines = ["#if defined(__GNUC__) && !defined(__clang__)",
-             f"typedef {ctype} {vec} __attribute__((vector_size({size})));",
-             f"typedef {itype} {idx} __attribute__((vector_size({size})));",
              f"static inline __attribute__((always_inline)) void "
              f"polyc_transpose_{kind}x{lanes}({vec} *v)", "{", f"  {vec} a, b;"]
     s = lanes // 2
@@ -1124,6 +1145,8 @@ def prelude_for(text: str) -> str:
                       for m in _VNNI_NAME.finditer(text)})
     if ROUND_ROWS["polyc_round_f16"] + "(" in text:
         extra.append(ROUND_ROW_HELPER)
+    extra += [vector_types(kind, int(lanes))
+              for kind, lanes in sorted({m.groups() for m in _VECTOR_NAME.finditer(text)})]
     extra += [transpose_helper(kind, int(lanes))
               for kind, lanes in sorted({m.groups() for m in _TRANSPOSE_NAME.finditer(text)})]
     if kernels:

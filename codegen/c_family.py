@@ -73,6 +73,7 @@ from .c_expr import (
     CTYPES,
     ROUND_ROWS,
     prelude_for,
+    shuffle_index,
     ADD,
     PRIMARY,
     BodyPrinter,
@@ -144,6 +145,10 @@ class CDialect:
     #: a float rows-only dot tile may run its reduction on in-register transposes of its
     #: rows (:meth:`_Walker._rows_variant`; gcc vector extensions, behind ``#if``)
     row_transposes = True
+    #: a vector loop reading one row of an array at several offsets along its index may
+    #: load each vector of that row once and shift it (:meth:`_Walker._window_loop`; gcc
+    #: vector extensions, behind ``#if``)
+    window_loads = True
 
     #: the pragma that unrolls the next loop by a factor (``{}``); "" for none
     unroll_pragma = "GCC unroll {}"
@@ -936,6 +941,9 @@ class _Walker:
             rounded = self._rounded_loop(n, iterator, var, pragmas, body)
             if rounded is not None:
                 return rounded
+            window = self._window_loop(n, iterator, var, pragmas, body)
+            if window is not None:
+                return window
         tail = None if parallel or "simd" not in kinds or not pragmas \
             else vector_tail(n, iterator, TAIL_LANES)
         if tail is not None:  # the main loop, then the remainder as a vector loop of its own
@@ -1028,6 +1036,157 @@ class _Walker:
                     if _mentions(str(s), str(d).split(" = ")[0].split()[-1])]
             return [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, used + [s])]
         return [cgen.Block(self._rounded_rows(hoisted, lane, width, str(width), vector_loop))]
+
+    def _window_loop(self, n: isl.AstNode, iterator: str, var: str, pragmas: list[str],
+                     body: list[cgen.Generable]) -> list[cgen.Generable] | None:
+        """The vector loop ``n`` of one statement (``body``, as :meth:`_statement`
+        prints it) that reads a row of an array at several offsets along the loop (a
+        stencil's ``A(i,j-1) + A(i,j) + A(i,j+1)``) with each vector of that row loaded
+        once: the loop steps by whole vectors, loads the vector one ahead, and gets each
+        offset's operand by a two-vector shuffle (gcc prints ``valignd``); every other
+        read is one vector load, the value is the statement's expression on vectors,
+        and the remainder runs as the plain loop. None where the loop or its statement
+        is not of that form (:func:`_window_plan`)::
+
+            #if defined(__AVX512F__) && <gcc>
+            { int64_t polyc_at = <first>;
+              { const int64_t i = ...;                        // the loop's invariants
+                if (polyc_at + K <= <last>) {
+                  polyc_f32x16 polyc_c0; memcpy(&polyc_c0, &A[i * N + (<j> - 1)], 64);
+                  for (; polyc_at + K <= <last>; polyc_at += 16) {
+                    const int64_t j = polyc_at;
+                    polyc_f32x16 polyc_n0; memcpy(&polyc_n0, &A[...] + 16, 64);
+                    polyc_f32x16 polyc_v1 = __builtin_shuffle(polyc_c0, polyc_n0, ...);
+                    ...   polyc_f32x16 polyc_r = 0.2f * (polyc_v1 + polyc_v0 + ...);
+                    memcpy(&B[i * N + j], &polyc_r, 64);  polyc_c0 = polyc_n0; } } }
+              #pragma omp simd
+              for (int64_t c2 = polyc_at; c2 <= <last>; c2 += 1) <the statement> }
+            #elif defined(__AVX2__) && <gcc>   (the same on 256-bit vectors)
+            #else
+            <the plain loop>
+            #endif
+
+        ``K`` keeps every load among the elements the plain loop reads. The operations
+        are the statement's, in its order, on each lane: the same values as the plain
+        loop's, bit for bit. On the Zen 4 (AVX-512 on a 256-bit datapath), float32
+        jacobi-2d, 1300 x 1300, four steps of fused sweeps: 3.3 -> 2.7 ms (1.2x), where
+        the plain loop's five loads a vector, four across a cache line, bound it."""
+        if not (WINDOW_LOADS and self.dialect.window_loads and self.options.vectorize) \
+                or n.for_get_body().get_type() != isl.ast_node_type.user:
+            return None
+        inc, cond = n.for_get_inc(), n.for_get_cond()
+        if inc.get_type() != isl.ast_expr_type.int or inc.get_val().to_python() != 1 \
+                or cond.get_type() != isl.ast_expr_type.op \
+                or cond.get_op_type() not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) \
+                or cond.get_op_arg(0).get_type() != isl.ast_expr_type.id \
+                or cond.get_op_arg(0).get_id().get_name() != iterator:
+            return None
+        call = n.for_get_body().user_get_expr()
+        stmt = self.kernel.statement(call.get_op_arg(0).get_id().get_name())
+        args = [call.get_op_arg(i + 1) for i in range(len(stmt.iterators))]
+        values = {it: self._isl(a).text for it, a in zip(stmt.iterators, args)}
+        moving = [it for it in stmt.iterators if _mentions(values[it], var)]
+        if len(moving) != 1 or not _moves_by_one(args[stmt.iterators.index(moving[0])],
+                                                 iterator):
+            return None
+        dtype = self.kernel.array(stmt.write.array).dtype
+        plans = [_window_plan(self.kernel, stmt, moving[0], self.sym.arrays, self.promoted,
+                              bits // 8 // max(1, D.get(dtype).itemsize))
+                 for _, bits in WINDOW_WIDTHS]
+        if not any(plans):
+            return None
+        test = "<=" if cond.get_op_type() == isl.ast_expr_op_type.le else "<"
+        last = self._isl(cond.get_op_arg(1)).text
+        first = self._isl(n.for_get_init()).text
+        self.isl_names[iterator] = "polyc_at"
+        try:
+            at_values = {it: self._isl(a).text for it, a in zip(stmt.iterators, args)}
+        finally:
+            self.isl_names[iterator] = var
+        plain = [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, body)]
+        code: list[cgen.Generable] = [cgen.Line(
+            f"#if defined({WINDOW_WIDTHS[0][0]}) && defined(__GNUC__) && !defined(__clang__)")]
+        for k, ((macro, bits), plan) in enumerate(zip(WINDOW_WIDTHS, plans)):
+            if k:
+                code.append(cgen.Line(
+                    f"#elif defined({macro}) && defined(__GNUC__) && !defined(__clang__)"))
+            code += [self._window_block(stmt, plan, bits, moving[0], at_values, first, test,
+                                        last, var, pragmas, body)] if plan else plain
+        return code + [cgen.Line("#else"), *plain, cgen.Line("#endif")]
+
+    def _window_block(self, stmt: Statement, plan: _WindowPlan, bits: int, moving: str,
+                      values: dict[str, str], first: str, test: str, last: str, var: str,
+                      pragmas: list[str], body: list[cgen.Generable]) -> cgen.Block:
+        """:meth:`_window_loop`'s code for vectors of ``bits`` bits."""
+        it = self.dialect.index_type
+        itemsize = D.get(plan.dtype).itemsize
+        lanes = bits // 8 // itemsize
+        kind = "f32" if plan.dtype == "float32" else "f64"
+        vec = f"polyc_{kind}x{lanes}"
+        nbytes = lanes * itemsize
+        scope = self.sym.namer.child()
+        used = _used_iterators(stmt)
+        names = {x: scope.fresh(x) for x in stmt.iterators if x in used}
+        outside = [cgen.Statement(f"const {it} {names[x]} = {values[x]}")
+                   for x in stmt.iterators if x in names and x != moving]
+        inside = [cgen.Statement(f"const {it} {names[moving]} = {values[moving]}")] \
+            if moving in names else []
+        printer = self.sym.printer(self.kernel, names)
+        before = self.sym.printer(self.kernel, {**names, moving: f"({values[moving]})"})
+        # the last start of a vector step keeps each load within what the loop reads:
+        # a window's vector one ahead ends 2 * lanes - 1 - spread past the step's first
+        # element, a plain load lanes - 1 past it
+        ahead = max([lanes - 1] + [2 * lanes - 1 - (w.offsets[-1] - w.offsets[0])
+                                   for w in plan.windows])
+        room = f"polyc_at + {ahead} {test} ({last})"
+        start: list[cgen.Generable] = []
+        step: list[cgen.Generable] = list(inside)
+        shift: list[cgen.Generable] = []
+        operands: dict[E.Read, str] = {}
+        for g, w in enumerate(plan.windows):
+            at = printer.element(w.first.array, w.first.indices).text
+            start.append(cgen.Statement(f"{vec} polyc_c{g}"))
+            start.append(cgen.Statement(
+                f"memcpy(&polyc_c{g}, &{before.element(w.first.array, w.first.indices).text}"
+                f", {nbytes})"))
+            step.append(cgen.Statement(f"{vec} polyc_n{g}"))
+            step.append(cgen.Statement(f"memcpy(&polyc_n{g}, &{at} + {lanes}, {nbytes})"))
+            for read, offset in w.reads:
+                name = f"polyc_v{len(operands)}"
+                k = offset - w.offsets[0]
+                if k == 0:
+                    step.append(cgen.Statement(f"const {vec} {name} = polyc_c{g}"))
+                elif k == lanes:
+                    step.append(cgen.Statement(f"const {vec} {name} = polyc_n{g}"))
+                else:
+                    step.append(cgen.Statement(
+                        f"const {vec} {name} = __builtin_shuffle(polyc_c{g}, polyc_n{g}, "
+                        f"{shuffle_index(kind, lanes, k)})"))
+                operands[read] = name
+            shift.append(cgen.Statement(f"polyc_c{g} = polyc_n{g}"))
+        for read in plan.singles:
+            name = f"polyc_v{len(operands)}"
+            step.append(cgen.Statement(f"{vec} {name}"))
+            step.append(cgen.Statement(
+                f"memcpy(&{name}, &{printer.element(read.array, read.indices).text}, "
+                f"{nbytes})"))
+            operands[read] = name
+        # the statement's expression with its moving reads as the vectors above (held
+        # as rank-0 arrays "promoted" to those names: the printer writes the name)
+        value = E.map_expr(stmt.value, lambda x: E.Read(operands[x], ())
+                           if isinstance(x, E.Read) and x in operands else None)
+        printer.dtypes = {**printer.dtypes, **dict.fromkeys(operands.values(), plan.dtype)}
+        printer.promoted = {v: (v, []) for v in operands.values()}
+        result = printer.expr(value, plan.dtype).text
+        target = printer.element(stmt.write.array, stmt.write.indices).text
+        step.append(cgen.Statement(f"const {vec} polyc_r = {result}"))
+        step.append(cgen.Statement(f"memcpy(&{target}, &polyc_r, {nbytes})"))
+        loop = cgen.For("", room, f"polyc_at += {lanes}", cgen.Block(step + shift))
+        tail = [cgen.Pragma(p) for p in pragmas] + [cgen.For(
+            f"{it} {var} = polyc_at", f"{var} {test} {last}", f"{var} += 1", _block(body))]
+        return cgen.Block([cgen.Statement(f"{it} polyc_at = {first}"),
+                           cgen.Block(outside + [cgen.If(room, cgen.Block(start + [loop]))]),
+                           *tail])
 
     def _loop(self, n: isl.AstNode, var: str, body: list[cgen.Generable]) -> cgen.For:
         """The loop of the AST's ``for`` node ``n`` as written, around ``body``."""
@@ -1495,6 +1654,97 @@ def _byte_stride(kernel: Kernel, read: E.Read, it: str) -> int | None:
                          if it in names else 0)
         step *= int(d.value)
     return total
+
+
+#: vector loops that read a row at several offsets load each of its vectors once
+#: (:meth:`_Walker._window_loop`)
+WINDOW_LOADS = True
+#: the vector widths a window loop is written for, each behind its compiler target
+WINDOW_WIDTHS = (("__AVX512F__", 512), ("__AVX2__", 256))
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The reads of one row of an array at several offsets along a loop: ``reads``
+    pairs each with its offset, ``first`` reads at the lowest, ``offsets`` are sorted."""
+    first: E.Read
+    offsets: tuple[int, ...]
+    reads: tuple[tuple[E.Read, int], ...]
+
+
+@dataclass(frozen=True)
+class _WindowPlan:
+    dtype: str
+    windows: tuple[_Window, ...]
+    #: the other reads that move with the loop (one vector load each)
+    singles: tuple[E.Read, ...]
+
+
+#: the operations a window loop's value may hold: what gcc's vector extensions take
+#: between vectors and scalars alike, as the statement's C spells them
+_WINDOW_OPS = ("+", "-", "*", "/")
+
+
+def _window_plan(kernel: Kernel, stmt: Statement, it: str, c_names: dict[str, str],
+                 promoted: dict[str, Any], lanes: int) -> _WindowPlan | None:
+    """How :meth:`_Walker._window_loop` loads the operands of ``stmt`` in a vector loop
+    over its iterator ``it``: None unless the statement writes a float32 or float64
+    element that moves by one element along ``it`` (``=``, no reduction), its value is
+    ``+ - * /`` of literals and reads of its type, every read either keeps still or moves
+    as the write does, none reads the written array, and at least one array's row is
+    read at two or more offsets at most ``lanes`` elements apart (a window; offsets
+    further apart load a vector each)."""
+    dtype = kernel.array(stmt.write.array).dtype
+    if dtype not in ("float32", "float64") or stmt.op != "=" \
+            or not E.unit_last(stmt.write.indices, it) or stmt.write.array in promoted:
+        return None
+    written = c_names[stmt.write.array]
+    dtypes = {a.name: a.dtype for a in kernel.arrays}
+    groups: dict[tuple[Any, ...], dict[int, list[E.Read]]] = {}
+    for x in _value_nodes(stmt.value):
+        if isinstance(x, E.Binary) and x.op in _WINDOW_OPS or \
+                isinstance(x, E.Unary) and x.op == "-":
+            if E.infer_dtype(x, dtypes) != dtype:
+                return None
+            continue
+        if isinstance(x, E.Const):
+            if isinstance(x.value, bool) or x.dtype not in (None, dtype):
+                return None
+            continue
+        if not isinstance(x, E.Read) or x.array in promoted \
+                or c_names[x.array] == written or dtypes[x.array] != dtype \
+                or not all(E.is_affine(ix) for ix in x.indices):
+            return None
+        if any(it in E.free_names(ix)[0] for ix in x.indices):
+            if not E.unit_last(x.indices, it):
+                return None
+            last = x.indices[-1]
+            names, sizes = E.free_names(last)
+            zero = dict.fromkeys(names | sizes, 0)
+            base = E.evaluate(last, zero)
+            slope = tuple(sorted((v, E.evaluate(last, {**zero, v: 1}) - base)
+                                 for v in names | sizes))
+            key = (x.array, x.indices[:-1], slope)
+            groups.setdefault(key, {}).setdefault(base, []).append(x)
+    windows, singles = [], []
+    for offsets in groups.values():
+        ds = sorted(offsets)
+        if len(ds) > 1 and ds[-1] - ds[0] <= lanes:
+            windows.append(_Window(offsets[ds[0]][0], tuple(ds), tuple(
+                (r, d) for d in ds for r in dict.fromkeys(offsets[d]))))
+        else:
+            singles += [r for d in ds for r in dict.fromkeys(offsets[d])]
+    if not windows:
+        return None
+    return _WindowPlan(dtype, tuple(windows), tuple(singles))
+
+
+def _value_nodes(e: E.Expr) -> Iterator[E.Expr]:
+    """The nodes of value ``e`` in pre-order, not those of its reads' indices."""
+    yield e
+    if not isinstance(e, E.Read):
+        for c in E.children(e):
+            yield from _value_nodes(c)
 
 
 def _block(body: list[cgen.Generable]) -> cgen.Block:

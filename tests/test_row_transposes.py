@@ -89,6 +89,7 @@ def test_transpose_helper(kind, lanes, tmp_path):
     vec = f"polyc_{kind}x{lanes}"
     src = tmp_path / "t.c"
     src.write_text("#include <stdint.h>\n#include <string.h>\n"
+                   + c_expr.vector_types(kind, lanes) + "\n"
                    + c_expr.transpose_helper(kind, lanes) + f"""
 void run({ctype} *m) {{
   {vec} v[{lanes}];
