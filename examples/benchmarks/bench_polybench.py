@@ -17,7 +17,8 @@ stencils with 4 time steps) runs three ways in one process:
 
 The three are timed alternately (medians over ``--repeat`` runs; in/out arrays are
 restored before each run, outside the timed region, and polyc writes into preallocated
-outputs as the C does) and the speed-ups of polyc over gcc are printed, each with a
+outputs as the C does; the arrays a side only writes are zeroed before its run, so
+that both start with what they write in cache, ``--cold-outputs`` not) and the speed-ups of polyc over gcc are printed, each with a
 correctness check: polyc (1 and 2 threads), the naive C and numpy all agree
 (``allclose``). ``--notes`` prints how each PolyBench construct was written in TC.
 
@@ -89,7 +90,8 @@ def _median(xs: list[float]) -> float:
 
 
 def run_one(b: Bench, sizes: dict[str, int], repeat: int, workdir: str, rtol: float = 1e-6,
-            atol: float = 1e-8) -> tuple[float, float, list[float | None]]:
+            atol: float = 1e-8, cold_outputs: bool = False
+            ) -> tuple[float, float, list[float | None]]:
     """The speed-ups of polyc (1 and 2 threads) over the naive C, and the cross-core
     round trips probed before and after the timed runs (:mod:`cores`)."""
     rng = np.random.default_rng(0)
@@ -142,22 +144,33 @@ def run_one(b: Bench, sizes: dict[str, int], repeat: int, workdir: str, rtol: fl
         f()
     ok_p = {t: close(outs) for t, (_, outs) in runners.items()}
     times: dict[object, list[float]] = {"gcc": [], 1: [], 2: []}
-    # polyc's copies of PolyBench's in/out arrays are its inputs: rewritten before each
-    # run as well, so that both sides start with those arrays just written (the naive
-    # C's restored copies are otherwise in cache and polyc's are not: float32 jacobi-2d
-    # measured 0.77x, and 1.0x with both restored)
+    # Both sides start each run with every array they write just written, as the naive
+    # C's in/out arrays are by restore(): polyc's copies of those arrays are its inputs,
+    # rewritten as well (float32 jacobi-2d measured 0.77x with only the C's restored,
+    # 1.0x with both), and the arrays each side only writes (the C's output buffers,
+    # polyc's outputs) are zeroed before its run; otherwise polyc's outputs come from
+    # DRAM while the C's arrays are in cache (the two-array stencils write 13.6 MB,
+    # 4-10% of their time). ``cold_outputs`` leaves the outputs as the last run left them.
     saved = {i: inputs[i].copy() for kind, i in b.c_bind if kind == "copy"}
+    c_only_out = [a for (kind, _), a in zip(b.c_bind, bufs) if kind == "out"]
 
     def refresh():
         for i, x in saved.items():
             np.copyto(inputs[i], x)
 
+    def zero(arrays):
+        if not cold_outputs:
+            for a in arrays:
+                a.fill(0)
+
     def timed() -> None:
         for _ in range(repeat):
             restore()
+            zero(c_only_out)
             times["gcc"].append(_seconds(naive))
-            for threads, (f, _) in runners.items():
+            for threads, (f, outs) in runners.items():
                 refresh()
+                zero(outs)
                 times[threads].append(_seconds(f))
     _, near = cores.probed(2, timed)
     tg, t1, t2 = _median(times["gcc"]), _median(times[1]), _median(times[2])
@@ -181,6 +194,8 @@ def main() -> None:
     p.add_argument("--notes", action="store_true", help="print how the kernels are written")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                    help="element type of every array, in the TC and in the C")
+    p.add_argument("--cold-outputs", action="store_true",
+                   help="do not zero the arrays each side only writes before its runs")
     a = p.parse_args()
     # as bench_core: this machine may set these for old OpenBLAS builds (numpy refs)
     os.environ.pop("OPENBLAS_CORETYPE", None), os.environ.pop("OPENBLAS_L2_SIZE", None)
@@ -209,8 +224,9 @@ def main() -> None:
                     continue
                 sizes = b.sizes if a.size == "large" else PRESETS[a.size][b.name]
                 # float32: the sums of a few thousand products agree to about 1e-5
-                ratios.append(run_one(as_float32(b), sizes, a.repeat, work, 1e-3, 1e-4)
-                              if single else run_one(b, sizes, a.repeat, work))
+                ratios.append(run_one(as_float32(b), sizes, a.repeat, work, 1e-3, 1e-4,
+                                      a.cold_outputs) if single else
+                              run_one(b, sizes, a.repeat, work, cold_outputs=a.cold_outputs))
         finally:
             if before is None:
                 os.environ.pop("POLYC_CACHE_DIR", None)
