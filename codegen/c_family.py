@@ -937,22 +937,24 @@ class _Walker:
         body = self.node(n.for_get_body(), (), in_parallel or parallel)
         if not parallel and "simd" not in kinds:
             body += self._exit(n, iterator, var)
-        if "simd" in kinds and pragmas and not parallel:
-            rounded = self._rounded_loop(n, iterator, var, pragmas, body)
-            if rounded is not None:
-                return rounded
-            window = self._window_loop(n, iterator, var, pragmas, body)
-            if window is not None:
-                return window
         tail = None if parallel or "simd" not in kinds or not pragmas \
             else vector_tail(n, iterator, TAIL_LANES)
         if tail is not None:  # the main loop, then the remainder as a vector loop of its own
             lo, split, hi = tail
-            return [node for a, b in ((lo, split - 1), (split, hi))
-                    for node in [cgen.Pragma(p) for p in pragmas] + [cgen.For(
-                        f"{self.dialect.index_type} {var} = {a}", f"{var} <= {b}",
-                        f"{var} += 1", _block(body))]]
-        return [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, body)]
+            plain = [node for a, b in ((lo, split - 1), (split, hi))
+                     for node in [cgen.Pragma(p) for p in pragmas] + [cgen.For(
+                         f"{self.dialect.index_type} {var} = {a}", f"{var} <= {b}",
+                         f"{var} += 1", _block(body))]]
+        else:
+            plain = [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, body)]
+        if "simd" in kinds and pragmas and not parallel:
+            rounded = self._rounded_loop(n, iterator, var, pragmas, body)
+            if rounded is not None:
+                return rounded
+            window = self._window_loop(n, iterator, var, pragmas, body, plain)
+            if window is not None:
+                return window
+        return plain
 
     def _sums(self, kinds: set[str]) -> tuple[tuple[str, int], ...]:
         """The arrays a ``private:`` mark among ``kinds`` names, with their element
@@ -1038,9 +1040,10 @@ class _Walker:
         return [cgen.Block(self._rounded_rows(hoisted, lane, width, str(width), vector_loop))]
 
     def _window_loop(self, n: isl.AstNode, iterator: str, var: str, pragmas: list[str],
-                     body: list[cgen.Generable]) -> list[cgen.Generable] | None:
+                     body: list[cgen.Generable], plain: list[cgen.Generable]
+                     ) -> list[cgen.Generable] | None:
         """The vector loop ``n`` of one statement (``body``, as :meth:`_statement`
-        prints it) that reads a row of an array at several offsets along the loop (a
+        prints it; ``plain``: the loop as it is otherwise written) that reads a row of an array at several offsets along the loop (a
         stencil's ``A(i,j-1) + A(i,j) + A(i,j+1)``) with each vector of that row loaded
         once: the loop steps by whole vectors, loads the vector one ahead, and gets each
         offset's operand by a two-vector shuffle (gcc prints ``valignd``); every other
@@ -1103,7 +1106,6 @@ class _Walker:
             at_values = {it: self._isl(a).text for it, a in zip(stmt.iterators, args)}
         finally:
             self.isl_names[iterator] = var
-        plain = [cgen.Pragma(p) for p in pragmas] + [self._loop(n, var, body)]
         code: list[cgen.Generable] = [cgen.Line(
             f"#if defined({WINDOW_WIDTHS[0][0]}) && defined(__GNUC__) && !defined(__clang__)")]
         for k, ((macro, bits), plan) in enumerate(zip(WINDOW_WIDTHS, plans)):
@@ -1142,7 +1144,10 @@ class _Walker:
         start: list[cgen.Generable] = []
         step: list[cgen.Generable] = list(inside)
         shift: list[cgen.Generable] = []
+        # each moving read's vector, by a key no array of the kernel can have (the
+        # printer takes it for a rank-0 array held in a local: its C name)
         operands: dict[E.Read, str] = {}
+        names_of: dict[str, str] = {}
         for g, w in enumerate(plan.windows):
             at = printer.element(w.first.array, w.first.indices).text
             start.append(cgen.Statement(f"{vec} polyc_c{g}"))
@@ -1152,7 +1157,7 @@ class _Walker:
             step.append(cgen.Statement(f"{vec} polyc_n{g}"))
             step.append(cgen.Statement(f"memcpy(&polyc_n{g}, &{at} + {lanes}, {nbytes})"))
             for read, offset in w.reads:
-                name = f"polyc_v{len(operands)}"
+                name = names_of[f"<window {len(operands)}>"] = f"polyc_v{len(operands)}"
                 k = offset - w.offsets[0]
                 if k == 0:
                     step.append(cgen.Statement(f"const {vec} {name} = polyc_c{g}"))
@@ -1162,28 +1167,29 @@ class _Walker:
                     step.append(cgen.Statement(
                         f"const {vec} {name} = __builtin_shuffle(polyc_c{g}, polyc_n{g}, "
                         f"{shuffle_index(kind, lanes, k)})"))
-                operands[read] = name
+                operands[read] = f"<window {len(operands)}>"
             shift.append(cgen.Statement(f"polyc_c{g} = polyc_n{g}"))
         for read in plan.singles:
-            name = f"polyc_v{len(operands)}"
+            name = names_of[f"<window {len(operands)}>"] = f"polyc_v{len(operands)}"
             step.append(cgen.Statement(f"{vec} {name}"))
             step.append(cgen.Statement(
                 f"memcpy(&{name}, &{printer.element(read.array, read.indices).text}, "
                 f"{nbytes})"))
-            operands[read] = name
+            operands[read] = f"<window {len(operands)}>"
         # the statement's expression with its moving reads as the vectors above (held
         # as rank-0 arrays "promoted" to those names: the printer writes the name)
         value = E.map_expr(stmt.value, lambda x: E.Read(operands[x], ())
                            if isinstance(x, E.Read) and x in operands else None)
-        printer.dtypes = {**printer.dtypes, **dict.fromkeys(operands.values(), plan.dtype)}
-        printer.promoted = {v: (v, []) for v in operands.values()}
+        printer.dtypes = {**printer.dtypes, **dict.fromkeys(names_of, plan.dtype)}
+        printer.promoted = {key: (name, []) for key, name in names_of.items()}
         result = printer.expr(value, plan.dtype).text
+        printer.promoted = {}
         target = printer.element(stmt.write.array, stmt.write.indices).text
         step.append(cgen.Statement(f"const {vec} polyc_r = {result}"))
         step.append(cgen.Statement(f"memcpy(&{target}, &polyc_r, {nbytes})"))
         loop = cgen.For("", room, f"polyc_at += {lanes}", cgen.Block(step + shift))
         tail = [cgen.Pragma(p) for p in pragmas] + [cgen.For(
-            f"{it} {var} = polyc_at", f"{var} {test} {last}", f"{var} += 1", _block(body))]
+            f"{it} {var} = polyc_at", f"{var} {test} ({last})", f"{var} += 1", _block(body))]
         return cgen.Block([cgen.Statement(f"{it} polyc_at = {first}"),
                            cgen.Block(outside + [cgen.If(room, cgen.Block(start + [loop]))]),
                            *tail])

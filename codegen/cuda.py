@@ -91,6 +91,7 @@ class CudaDialect(CDialect):
     panel_prefetch = False
     round_rows = False
     row_transposes = False
+    window_loads = False
 
 
 @dataclass(frozen=True)

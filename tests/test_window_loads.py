@@ -155,6 +155,23 @@ def test_forms_left_to_the_plain_loop(src, why):
     assert not _windowed(op, [a]), why
 
 
+def test_arrays_named_like_the_window_locals():
+    """User arrays named as the window loop's locals (``polyc_v0``, ``polyc_at``) are
+    other C names (sanitized): a read of one and a write to one stay theirs."""
+    op = polyc.define("def f(float(M,N) A, float(M) polyc_v0) -> (B) { B(i,j) = -A(i,j+1) "
+                      "+ polyc_v0(i) * (A(i,j+2) - A(i,j)) / 3.0 }", threads=1)
+    a, w = _inputs("mixed", (37, 131), np.float32)
+    np.testing.assert_allclose(op(a, w), CASES["mixed"][1](a.astype(np.float64),
+                                                           w.astype(np.float64)),
+                               rtol=1e-5, atol=1e-5)
+    assert _windowed(op, [a, w])
+    op = polyc.define("def f(float(N) polyc_at) -> (polyc_v0) { polyc_v0(i) = polyc_at(i) "
+                      "+ polyc_at(i+1) }", threads=1)
+    x = np.random.default_rng(4).standard_normal(1001).astype(np.float32)
+    np.testing.assert_allclose(op(x), x[:-1] + x[1:], rtol=1e-6, atol=1e-6)
+    assert _windowed(op, [x])
+
+
 def test_vectorize_off_has_no_windows():
     src, ref = CASES["jacobi5"]
     op = polyc.define(src.format(t="float"), vectorize=False)
