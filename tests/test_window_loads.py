@@ -172,6 +172,48 @@ def test_arrays_named_like_the_window_locals():
     assert _windowed(op, [x])
 
 
+def _random_stencil(rng: np.random.Generator) -> tuple[str, int]:
+    """A TC def of a random 2-D stencil: 2 to 7 taps of A on up to 3 rows at column
+    offsets 0..19 (so some 16 or more apart), joined by + - * with literals, maybe
+    a unary minus and a division; and its largest column offset."""
+    taps = [(int(rng.integers(0, 3)), int(rng.integers(0, 20)))
+            for _ in range(int(rng.integers(2, 8)))]
+    if len({t[0] for t in taps}) == len(taps):  # at least one row read twice
+        taps.append((taps[0][0], (taps[0][1] + int(rng.integers(1, 17))) % 20))
+    terms = []
+    for di, dj in taps:
+        term = f"A(i+{di},j+{dj})"
+        if rng.random() < 0.3:
+            term = f"{rng.choice(['0.5', '1.5', '2.0', '0.25'])} * {term}"
+        if rng.random() < 0.15:
+            term = f"-{term}"
+        terms.append(term)
+    value = terms[0]
+    for t in terms[1:]:
+        value = f"({value} {rng.choice(['+', '-', '*', '+'])} {t})"
+    if rng.random() < 0.3:
+        value = f"{value} / 3.0"
+    return "def f(float(M,N) A) -> (B) { B(i,j) = " + value + " }", max(dj for _, dj in taps)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_stencils_bit_for_bit(seed, monkeypatch):
+    """Random stencils (:func:`_random_stencil`) at random sizes, the windows against
+    the plain loop bit for bit (same operations in the same order on each lane)."""
+    rng = np.random.default_rng(1000 + seed)
+    src, reach = _random_stencil(rng)
+    shapes = [(int(rng.integers(3, 12)), int(rng.integers(reach + 1, reach + 90)))
+              for _ in range(3)]
+    data = [np.random.default_rng(k).uniform(-2, 2, s).astype(np.float32)
+            for k, s in enumerate(shapes)]
+    op = polyc.define(src, threads=1)
+    got = [op(a) for a in data]
+    monkeypatch.setattr(c_family, "WINDOW_LOADS", False)
+    plain = polyc.define(src, threads=1)
+    for a, g in zip(data, got):
+        np.testing.assert_array_equal(g, plain(a), err_msg=src)
+
+
 def test_vectorize_off_has_no_windows():
     src, ref = CASES["jacobi5"]
     op = polyc.define(src.format(t="float"), vectorize=False)
