@@ -249,17 +249,18 @@ from test_window_loads import CASES, TYPES, _inputs, _shapes, _windowed
 for dt in ("float", "double"):
     for case in sorted(CASES):
         src, ref = CASES[case]
-        for specialize in (True, False):
+        for specialize, extra in ((True, ()), (False, ()), (True, ("-mno-avx512f",))):
             op = polyc.define(src.format(t=dt), threads=1, sanitize=True,
-                              specialize=specialize, cflags=("-Wall", "-Wextra", "-Werror"))
+                              specialize=specialize,
+                              cflags=("-Wall", "-Wextra", "-Werror") + extra)
             for k, shape in enumerate(_shapes(case)):
                 if case == "gap16" and shape[0] <= 16:
                     continue
                 x = _inputs(case, shape, TYPES[dt], k)
                 assert np.allclose(op(*x), ref(*[v.astype(np.float64) for v in x]),
                                    rtol=1e-4, atol=1e-4), (dt, case, shape)
-            print("ok", dt, case, specialize, _windowed(op, _inputs(case, _shapes(case)[0],
-                                                             TYPES[dt])), flush=True)
+            print("ok", dt, case, specialize, *extra, _windowed(
+                op, _inputs(case, _shapes(case)[0], TYPES[dt])), flush=True)
 """
 
 
@@ -267,7 +268,8 @@ for dt in ("float", "double"):
 def test_warning_free_and_sanitized():
     """The window loops compile without warnings under -Wall -Wextra -Werror and run
     clean under AddressSanitizer and UBSan: the vector one ahead never reads past what
-    the plain loop reads (the arrays here are exactly the size the taps need)."""
+    the plain loop reads (the arrays here are exactly the size the taps need). The
+    256-bit form as well (-mno-avx512f)."""
     done = subprocess.run([sys.executable, "-c", _CHILD.format(tests=TESTS)],
                           env=sanitizer_environment(), capture_output=True, text=True,
                           timeout=900, check=False, cwd=TESTS)
@@ -281,6 +283,7 @@ def test_warning_free_and_sanitized():
                 windowed = (case, dt) != ("gap16", "double") and (
                     specialize or case not in ("taps3", "gap4", "gap16"))
                 assert f"ok {dt} {case} {specialize} {windowed}" in done.stdout, report
+            assert f"ok {dt} {case} True -mno-avx512f " in done.stdout, report
 
 
 def test_cuda_target_has_no_windows():
