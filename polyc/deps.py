@@ -100,8 +100,13 @@ def compute_dependences(kernel: Kernel) -> Dependences:
     reads = _accesses(kernel, list(kernel.statements), "read")
 
     def flow_from(sink: isl.UnionMap, must: isl.UnionMap, may: isl.UnionMap) -> isl.UnionMap:
-        info = isl.UnionAccessInfo.from_sink(sink).set_must_source(must).set_may_source(may)
-        return info.set_schedule_map(order).compute_flow().get_may_dependence()
+        found = budgeted_flow(kernel, sink, must, may, order)
+        if found is not None:
+            return found[0]
+        # past the budget: every earlier write of the element (no write hides another)
+        # -- more dependences than there are, never fewer
+        earlier = order.lex_lt_union_map(order)
+        return must.union(may).apply_range(sink.reverse()).intersect(earlier)
 
     flow = flow_from(reads, must_w, may_w)
     output = flow_from(writes, must_w, may_w)
@@ -116,6 +121,58 @@ def compute_dependences(kernel: Kernel) -> Dependences:
         flow, output, anti = (d.subtract(mine) for d in (flow, output, anti))
     return Dependences(flow.coalesce(), anti.coalesce(), output.coalesce(),
                        reduction.coalesce(), order)
+
+
+#: isl operations one dataflow analysis may take: isl's exact analysis can run for
+#: minutes on a few statements with quasi-affine accesses (fuzz seed 52626: five
+#: statements, ``X(i, j / 2)``, ``B(i / 2, i, j)``; more than 5 minutes); the callers
+#: then fall back to over-approximations. Real operators take far less
+FLOW_OPERATIONS = 3_000_000
+
+
+def budgeted_flow(kernel: Kernel, sink: isl.UnionMap, must: isl.UnionMap, may: isl.UnionMap,
+                  order: isl.UnionMap) -> tuple[isl.UnionMap, isl.UnionMap] | None:
+    """isl's dataflow (``compute_flow``: its may dependences and the sinks with maybe
+    no source); for a kernel whose accesses divide (:func:`_quasi_affine`, where the
+    analysis can blow up) within :data:`FLOW_OPERATIONS`, None past it. That one runs
+    in an isl context of its own, the budget set there (set on the kernel's context, it
+    would count other threads' operations too); the maps go there and back as text,
+    which costs as much as the analysis (ResNet-18's kernels: 3 s more in all, so the
+    others stay where they are). A text isl cannot read back: the analysis on the
+    kernel's own context, unbudgeted."""
+    if not _quasi_affine(kernel):
+        flow = isl.UnionAccessInfo.from_sink(sink).set_must_source(must) \
+            .set_may_source(may).set_schedule_map(order).compute_flow()
+        return flow.get_may_dependence(), flow.get_may_no_source()
+    private = isl.Context()
+    private.set_max_operations(FLOW_OPERATIONS)
+    ctx = kernel.context.get_ctx()
+    try:
+        there = [isl.UnionMap.read_from_str(private, m.to_str())
+                 for m in (sink, must, may, order)]
+        flow = isl.UnionAccessInfo.from_sink(there[0]).set_must_source(there[1]) \
+            .set_may_source(there[2]).set_schedule_map(there[3]).compute_flow()
+        dep, none = flow.get_may_dependence(), flow.get_may_no_source()
+    except isl.Error as e:
+        if "maximal number of operations" in str(e):
+            return None
+        dep = none = None
+    if dep is not None:
+        try:
+            return (isl.UnionMap.read_from_str(ctx, dep.to_str()),
+                    isl.UnionMap.read_from_str(ctx, none.to_str()))
+        except isl.Error:
+            pass
+    flow = isl.UnionAccessInfo.from_sink(sink).set_must_source(must).set_may_source(may) \
+        .set_schedule_map(order).compute_flow()
+    return flow.get_may_dependence(), flow.get_may_no_source()
+
+
+def _quasi_affine(kernel: Kernel) -> bool:
+    """Some access of ``kernel`` has an index with ``//`` or ``%``."""
+    return any(isinstance(x, E.Binary) and x.op in ("//", "%")
+               for s in kernel.statements for a in (s.write, *s.reads)
+               for ix in a.indices for x in E.walk(ix))
 
 
 def live_instances(kernel: Kernel) -> isl.UnionSet:
@@ -141,26 +198,39 @@ def live_instances(kernel: Kernel) -> isl.UnionSet:
             f"{{ [1{', 0' * depth}] }}"))
         order = order.union(isl.UnionMap.from_map(at_end))
     sinks = _accesses(kernel, list(kernel.statements), "read").union(end_reads)
-    flow = _flow(kernel, sinks, order).get_may_dependence()
-    return flow.domain()
+    found = _flow(kernel, sinks, order)
+    if found is None:  # past the budget: every instance may be live
+        return _all_instances(kernel)
+    return found[0].domain()
 
 
-def _flow(kernel: Kernel, sinks: isl.UnionMap, order: isl.UnionMap) -> isl.UnionFlow:
-    """isl's dataflow from the kernel's writes to ``sinks``: a write hides what came
-    before it (a must source) unless it is a commuting reduction's (see
-    :func:`compute_dependences`) or its element is data-dependent."""
+def _all_instances(kernel: Kernel) -> isl.UnionSet:
+    out = isl.UnionSet.empty(kernel.context.get_space())
+    for s in kernel.statements:
+        out = out.union(isl.UnionSet.from_set(s.domain))
+    return out
+
+
+def _flow(kernel: Kernel, sinks: isl.UnionMap, order: isl.UnionMap
+          ) -> tuple[isl.UnionMap, isl.UnionMap] | None:
+    """isl's dataflow from the kernel's writes to ``sinks`` (:func:`budgeted_flow`): a
+    write hides what came before it (a must source) unless it is a commuting
+    reduction's (see :func:`compute_dependences`) or its element is data-dependent."""
     may = [s for s in kernel.statements if is_relaxable_reduction(s) or not s.write.is_affine]
     must = [s for s in kernel.statements if s not in may]
-    info = isl.UnionAccessInfo.from_sink(sinks).set_must_source(
-        _accesses(kernel, must, "write")).set_may_source(_accesses(kernel, may, "write"))
-    return info.set_schedule_map(order).compute_flow()
+    return budgeted_flow(kernel, sinks, _accesses(kernel, must, "write"),
+                         _accesses(kernel, may, "write"), order)
 
 
 def arrays_read_uninitialized(kernel: Kernel) -> set[str]:
     """The arrays some read of which may find no earlier write in the kernel: inputs,
-    and temporaries read where nothing wrote them (zero-filled by codegen)."""
+    and temporaries read where nothing wrote them (zero-filled by codegen); past the
+    dataflow's budget, every array read."""
     reads = _accesses(kernel, list(kernel.statements), "read")
-    unread = _flow(kernel, reads, program_order(kernel)).get_may_no_source()
+    found = _flow(kernel, reads, program_order(kernel))
+    if found is None:
+        return {r.array for s in kernel.statements for r in s.reads}
+    unread = found[1]
     maps = unread.get_map_list()
     return {maps.get_at(i).get_tuple_name(isl.dim_type.out) for i in range(maps.n_map())}
 
