@@ -141,18 +141,13 @@ def budgeted_flow(kernel: Kernel, sink: isl.UnionMap, must: isl.UnionMap, may: i
     others stay where they are). A text isl cannot read back: the analysis on the
     kernel's own context, unbudgeted."""
     if not _quasi_affine(kernel):
-        flow = isl.UnionAccessInfo.from_sink(sink).set_must_source(must) \
-            .set_may_source(may).set_schedule_map(order).compute_flow()
-        return flow.get_may_dependence(), flow.get_may_no_source()
+        return _exact_flow(sink, must, may, order)
     private = isl.Context()
     private.set_max_operations(FLOW_OPERATIONS)
     ctx = kernel.context.get_ctx()
     try:
-        there = [isl.UnionMap.read_from_str(private, m.to_str())
-                 for m in (sink, must, may, order)]
-        flow = isl.UnionAccessInfo.from_sink(there[0]).set_must_source(there[1]) \
-            .set_may_source(there[2]).set_schedule_map(there[3]).compute_flow()
-        dep, none = flow.get_may_dependence(), flow.get_may_no_source()
+        dep, none = _exact_flow(*[isl.UnionMap.read_from_str(private, m.to_str())
+                                  for m in (sink, must, may, order)])
     except isl.Error as e:
         if "maximal number of operations" in str(e):
             return None
@@ -163,6 +158,12 @@ def budgeted_flow(kernel: Kernel, sink: isl.UnionMap, must: isl.UnionMap, may: i
                     isl.UnionMap.read_from_str(ctx, none.to_str()))
         except isl.Error:
             pass
+    return _exact_flow(sink, must, may, order)
+
+
+def _exact_flow(sink: isl.UnionMap, must: isl.UnionMap, may: isl.UnionMap,
+                order: isl.UnionMap) -> tuple[isl.UnionMap, isl.UnionMap]:
+    """isl's ``compute_flow``: its may dependences and the sinks with maybe no source."""
     flow = isl.UnionAccessInfo.from_sink(sink).set_must_source(must).set_may_source(may) \
         .set_schedule_map(order).compute_flow()
     return flow.get_may_dependence(), flow.get_may_no_source()

@@ -31,7 +31,8 @@ def _ref(a):
 
 @pytest.mark.parametrize("budget", [D.FLOW_OPERATIONS, 1])
 @pytest.mark.parametrize("opts", [{}, {"tile": False}, {"scheduler": "pluto"},
-                                  {"specialize": False}])
+                                  {"specialize": False},
+                                  {"target": "cuda", "emulate": True}])
 def test_right_within_and_past_the_budget(budget, opts, monkeypatch):
     monkeypatch.setattr(D, "FLOW_OPERATIONS", budget)
     op = polyc.define(SRC, **opts)
